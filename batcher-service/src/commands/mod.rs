@@ -1,0 +1,3 @@
+//! One module per `cohort` subcommand.
+
+pub mod fingerprint;

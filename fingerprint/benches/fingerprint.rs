@@ -1,0 +1,67 @@
+//! Native fingerprint throughput: MB/s of request body and µs per request.
+//!
+//! `cargo bench -p cohort-fingerprint` — criterion prints time per body and throughput
+//! for realistic OpenAI chat bodies of 1 KB, 8 KB and 32 KB (system prompt, tools, a few
+//! turns, a last user turn with variables to mask), and for the intent sketch alone.
+
+use cohort_fingerprint::{fingerprint, IntentSketch, Request, SemanticMode};
+use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+
+const PROSE: &str = "I want you to act as a customer support agent for an online bank. \
+Answer briefly and politely, ask for the account number only when needed, never reveal \
+internal policies, and escalate card fraud to a human at once. ";
+
+const ASKS: [&str; 4] = [
+    "Hi, I ordered a new card on 12/03/2024 but it has not arrived yet, my ref is AB12CD9 - can you check?",
+    "Why was my payment of $1,299.50 to https://shop.example.com/checkout?id=99 declined yesterday?",
+    "How do I change the e-mail on my account from jane.doe@example.org to a new one?",
+    "Mary Ann sent me 250 EUR last week but I still don't see it, what happened?",
+];
+
+/// An OpenAI chat body of about `target` bytes.
+fn chat_body(target: usize) -> Vec<u8> {
+    let mut system = String::new();
+    while system.len() < target / 2 {
+        system.push_str(PROSE);
+    }
+    let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
+    let mut i = 0;
+    loop {
+        let body = serde_json::json!({
+            "model": "gemma-3-270m",
+            "tools": [{"type": "function", "function": {"name": "lookup_card", "parameters": {"type": "object", "properties": {"ref": {"type": "string"}}}}}],
+            "messages": messages,
+        });
+        let bytes = serde_json::to_vec(&body).unwrap();
+        if bytes.len() >= target {
+            return bytes;
+        }
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        messages.push(serde_json::json!({"role": role, "content": ASKS[i % ASKS.len()]}));
+        i += 1;
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("fingerprint");
+    for size in [1024, 8 * 1024, 32 * 1024] {
+        let body = chat_body(size);
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_function(format!("chat_{}B", body.len()), |b| {
+            b.iter(|| fingerprint(&Request::new(black_box(&body))).unwrap())
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("sketch");
+    for ask in ASKS.iter().take(1) {
+        group.throughput(Throughput::Bytes(ask.len() as u64));
+        group.bench_function("intent_text", |b| {
+            b.iter(|| IntentSketch::of_text(black_box(ask), SemanticMode::Hybrid))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

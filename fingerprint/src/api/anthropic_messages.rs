@@ -1,0 +1,124 @@
+//! Anthropic messages (`POST /v1/messages`).
+//!
+//! `system` (a string or text blocks) and `tools` form the stable prefix. `messages`
+//! alternate `user`/`assistant`; content is a string or blocks: `text`, `image` (base64
+//! or URL source), `document`, `tool_use`, `tool_result` (its content a string or
+//! blocks), `thinking`; other blocks are kept opaque. `cache_control` marks do not
+//! change the prompt and are left out.
+
+use super::{array_field, builder_for, kind};
+use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
+use crate::error::FingerprintError;
+use serde_json::{Map, Value};
+
+const API: Api = Api::AnthropicMessages;
+
+pub(super) fn parse(
+    object: &Map<String, Value>,
+    size_hint: usize,
+) -> Result<CanonicalPrompt, FingerprintError> {
+    let mut builder = builder_for(object, API, size_hint)?;
+    match object.get("system") {
+        None | Some(Value::Null) => {}
+        Some(system) => {
+            let text = super::text_or_text_blocks(system).ok_or_else(|| {
+                FingerprintError::malformed(API.as_str(), "system is not text or text blocks")
+            })?;
+            builder.system(&text);
+        }
+    }
+    if let Some(tools) = object.get("tools") {
+        builder.tools(&without_cache_control(tools));
+    }
+
+    let messages = array_field(object, "messages", API)?
+        .ok_or_else(|| FingerprintError::malformed(API.as_str(), "messages is missing"))?;
+    for message in messages {
+        let Some(fields) = message.as_object() else {
+            return Err(FingerprintError::malformed(
+                API.as_str(),
+                format!("a message is {}, not an object", kind(message)),
+            ));
+        };
+        let role = fields.get("role").and_then(Value::as_str).unwrap_or("");
+        builder.begin_turn(Role::from_name(role));
+        match fields.get("content") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(text)) => builder.text(text),
+            Some(Value::Array(blocks)) => {
+                for block in blocks {
+                    content_block(&mut builder, block);
+                }
+            }
+            Some(other) => {
+                return Err(FingerprintError::malformed(
+                    API.as_str(),
+                    format!("message content is {}", kind(other)),
+                ))
+            }
+        }
+    }
+    builder.finish()
+}
+
+fn content_block(builder: &mut CanonicalBuilder, block: &Value) {
+    match block.get("type").and_then(Value::as_str) {
+        Some("text") => builder.text(block.get("text").and_then(Value::as_str).unwrap_or("")),
+        Some("image") => {
+            let source = block.get("source");
+            let reference = source
+                .and_then(|s| {
+                    s.get("data")
+                        .or_else(|| s.get("url"))
+                        .or_else(|| s.get("file_id"))
+                })
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            builder.image(reference);
+        }
+        Some("document") => builder.document(&without_cache_control(block)),
+        Some("tool_use") => {
+            let name = block.get("name").and_then(Value::as_str).unwrap_or("");
+            builder.tool_call(name, block.get("input").unwrap_or(&Value::Null));
+        }
+        Some("tool_result") => {
+            let id = block
+                .get("tool_use_id")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            builder.tool_result(id);
+            match block.get("content") {
+                Some(Value::String(text)) => builder.text_not_intent(text),
+                Some(Value::Array(parts)) => {
+                    for part in parts {
+                        match part.get("text").and_then(Value::as_str) {
+                            Some(text) => builder.text_not_intent(text),
+                            None => builder.opaque(part),
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Some("thinking") => {
+            builder.text_not_intent(block.get("thinking").and_then(Value::as_str).unwrap_or(""))
+        }
+        _ => builder.opaque(&without_cache_control(block)),
+    }
+}
+
+/// `cache_control` is a caching hint, not prompt content: drop it (recursively for tool
+/// lists) so adding a cache breakpoint does not change the fingerprint.
+fn without_cache_control(value: &Value) -> Value {
+    match value {
+        Value::Object(fields) => Value::Object(
+            fields
+                .iter()
+                .filter(|(k, _)| k.as_str() != "cache_control")
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(without_cache_control).collect()),
+        other => other.clone(),
+    }
+}

@@ -1,0 +1,122 @@
+//! OpenAI chat completions (`POST /v1/chat/completions`).
+//!
+//! `messages` in order; leading `system`/`developer` messages form the system prompt;
+//! content is a string or an array of parts (`text`, `image_url`, `input_audio`, `file`,
+//! others kept opaque); assistant `tool_calls` (and legacy `function_call`) and `tool`
+//! results are part of the conversation. `tools` (and legacy `functions`) join the stable
+//! prefix.
+
+use super::{array_field, builder_for, kind};
+use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
+use crate::error::FingerprintError;
+use serde_json::{Map, Value};
+
+const API: Api = Api::OpenAiChat;
+
+pub(super) fn parse(
+    object: &Map<String, Value>,
+    size_hint: usize,
+) -> Result<CanonicalPrompt, FingerprintError> {
+    let mut builder = builder_for(object, API, size_hint)?;
+    let messages = array_field(object, "messages", API)?
+        .ok_or_else(|| FingerprintError::malformed(API.as_str(), "messages is missing"))?;
+    for message in messages {
+        if !message.is_object() {
+            return Err(FingerprintError::malformed(
+                API.as_str(),
+                format!("a message is {}, not an object", kind(message)),
+            ));
+        }
+    }
+
+    let leading_system = messages
+        .iter()
+        .take_while(|m| {
+            matches!(
+                m.get("role").and_then(Value::as_str),
+                Some("system" | "developer")
+            )
+        })
+        .count();
+    for message in &messages[..leading_system] {
+        builder.system(&content_text(message.get("content"))?);
+    }
+    for field in ["tools", "functions"] {
+        if let Some(tools) = object.get(field) {
+            builder.tools(tools);
+        }
+    }
+
+    for message in &messages[leading_system..] {
+        let role = Role::from_name(message.get("role").and_then(Value::as_str).unwrap_or(""));
+        builder.begin_turn(role);
+        if role == Role::Tool {
+            let id = message
+                .get("tool_call_id")
+                .or_else(|| message.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            builder.tool_result(id);
+        }
+        content(&mut builder, message.get("content"))?;
+        if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
+            for call in calls {
+                let function = call.get("function").unwrap_or(call);
+                let name = function.get("name").and_then(Value::as_str).unwrap_or("");
+                builder.tool_call(name, function.get("arguments").unwrap_or(&Value::Null));
+            }
+        }
+        if let Some(call) = message.get("function_call") {
+            let name = call.get("name").and_then(Value::as_str).unwrap_or("");
+            builder.tool_call(name, call.get("arguments").unwrap_or(&Value::Null));
+        }
+    }
+    builder.finish()
+}
+
+/// Feeds a message's `content` (string, parts array or null) to the builder.
+fn content(
+    builder: &mut CanonicalBuilder,
+    content: Option<&Value>,
+) -> Result<(), FingerprintError> {
+    match content {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(text)) => {
+            builder.text(text);
+            Ok(())
+        }
+        Some(Value::Array(parts)) => {
+            for part in parts {
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text") | Some("input_text") => {
+                        builder.text(part.get("text").and_then(Value::as_str).unwrap_or(""))
+                    }
+                    Some("image_url") => {
+                        let image = part.get("image_url");
+                        let url = image
+                            .and_then(|i| i.get("url").or(Some(i)))
+                            .and_then(Value::as_str)
+                            .unwrap_or("");
+                        builder.image(url);
+                    }
+                    _ => builder.opaque(part),
+                }
+            }
+            Ok(())
+        }
+        Some(other) => Err(FingerprintError::malformed(
+            API.as_str(),
+            format!("message content is {}", kind(other)),
+        )),
+    }
+}
+
+/// Text of a system message's content (string or text parts).
+fn content_text(content: Option<&Value>) -> Result<String, FingerprintError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(value) => super::text_or_text_blocks(value).ok_or_else(|| {
+            FingerprintError::malformed(API.as_str(), "system message content is not text")
+        }),
+    }
+}

@@ -1,0 +1,144 @@
+//! OpenAI responses (`POST /v1/responses`).
+//!
+//! `instructions` and leading `system`/`developer` input messages form the system prompt;
+//! `tools` join the stable prefix; `previous_response_id` names server-held conversation
+//! state and is part of the prompt's identity. `input` is a string (one user turn) or a
+//! list of items: messages (with or without `type: "message"`; content a string or
+//! `input_text`/`output_text`/`input_image`/`input_file` parts), `function_call` and
+//! `function_call_output`; other item types are kept opaque.
+
+use super::{array_field, builder_for, kind};
+use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
+use crate::error::FingerprintError;
+use serde_json::{Map, Value};
+
+const API: Api = Api::OpenAiResponses;
+
+pub(super) fn parse(
+    object: &Map<String, Value>,
+    size_hint: usize,
+) -> Result<CanonicalPrompt, FingerprintError> {
+    let mut builder = builder_for(object, API, size_hint)?;
+    match object.get("instructions") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) => builder.system(text),
+        Some(other) => {
+            return Err(FingerprintError::malformed(
+                API.as_str(),
+                format!("instructions is {}, not a string", kind(other)),
+            ))
+        }
+    }
+
+    let (input_text, items): (Option<&str>, &[Value]) = match object.get("input") {
+        Some(Value::String(text)) => (Some(text), &[]),
+        _ => (None, array_field(object, "input", API)?.unwrap_or(&[])),
+    };
+
+    let leading_system = items
+        .iter()
+        .take_while(|item| is_system_message(item))
+        .count();
+    for item in &items[..leading_system] {
+        let text = item
+            .get("content")
+            .and_then(super::text_or_text_blocks)
+            .unwrap_or_default();
+        builder.system(&text);
+    }
+    if let Some(tools) = object.get("tools") {
+        builder.tools(tools);
+    }
+    previous_response(&mut builder, object);
+    if let Some(text) = input_text {
+        builder.begin_turn(Role::User);
+        builder.text(text);
+    }
+
+    for item in &items[leading_system..] {
+        if !item.is_object() {
+            return Err(FingerprintError::malformed(
+                API.as_str(),
+                format!("an input item is {}, not an object", kind(item)),
+            ));
+        }
+        match item.get("type").and_then(Value::as_str) {
+            Some("message") | None => {
+                let role = item.get("role").and_then(Value::as_str).unwrap_or("");
+                builder.begin_turn(Role::from_name(role));
+                content(&mut builder, item.get("content"))?;
+            }
+            Some("function_call") => {
+                builder.begin_turn(Role::Assistant);
+                let name = item.get("name").and_then(Value::as_str).unwrap_or("");
+                builder.tool_call(name, item.get("arguments").unwrap_or(&Value::Null));
+            }
+            Some("function_call_output") => {
+                builder.begin_turn(Role::Tool);
+                let id = item.get("call_id").and_then(Value::as_str).unwrap_or("");
+                builder.tool_result(id);
+                match item.get("output") {
+                    Some(Value::String(text)) => builder.text(text),
+                    Some(other) => builder.opaque(other),
+                    None => {}
+                }
+            }
+            Some(_) => {
+                builder.begin_turn(Role::Other);
+                builder.opaque(item);
+            }
+        }
+    }
+    builder.finish()
+}
+
+fn is_system_message(item: &Value) -> bool {
+    matches!(
+        item.get("type").and_then(Value::as_str),
+        None | Some("message")
+    ) && matches!(
+        item.get("role").and_then(Value::as_str),
+        Some("system" | "developer")
+    )
+}
+
+fn previous_response(builder: &mut CanonicalBuilder, object: &Map<String, Value>) {
+    if let Some(Value::String(id)) = object.get("previous_response_id") {
+        builder.context(id);
+    }
+}
+
+fn content(
+    builder: &mut CanonicalBuilder,
+    content: Option<&Value>,
+) -> Result<(), FingerprintError> {
+    match content {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) => builder.text(text),
+        Some(Value::Array(parts)) => {
+            for part in parts {
+                match part.get("type").and_then(Value::as_str) {
+                    Some("input_text" | "output_text" | "text") => {
+                        builder.text(part.get("text").and_then(Value::as_str).unwrap_or(""))
+                    }
+                    Some("input_image") => {
+                        let reference = part
+                            .get("image_url")
+                            .or_else(|| part.get("file_id"))
+                            .and_then(Value::as_str)
+                            .unwrap_or("");
+                        builder.image(reference);
+                    }
+                    _ => builder.opaque(part),
+                }
+            }
+        }
+        Some(other) => {
+            return Err(FingerprintError::malformed(
+                API.as_str(),
+                format!("message content is {}", kind(other)),
+            ))
+        }
+    }
+    Ok(())
+}

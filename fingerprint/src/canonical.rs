@@ -1,0 +1,343 @@
+//! The canonical prompt: one byte string per request, the same for every API shape.
+//!
+//! An engine's KV cache is keyed by the token sequence it prefills: model, system prompt,
+//! tool definitions, then the conversation in order. Cohort cannot tokenise for every
+//! engine, so it builds a deterministic byte string in that order and hashes blocks of it
+//! (see [`crate::prefix`]). Two requests whose conversations share a beginning share a
+//! beginning here too, so a longest-prefix match over block hashes tracks the engine's
+//! prefix cache.
+//!
+//! Encoding, chosen so that no two different prompts produce the same bytes and so that
+//! appending a turn only appends bytes:
+//! - a *segment* is `tag: u8, len: u32 little-endian, bytes`;
+//! - the stable prefix is the `MODEL` segment, then `SYSTEM` segments, then one `TOOLS`
+//!   segment (the tool definitions as canonical JSON, keys sorted);
+//! - each turn is `TURN, role: u8` followed by its part segments (`TEXT`, `IMAGE`,
+//!   `TOOL_CALL`, `TOOL_RESULT`, `DOCUMENT`, `TOKENS`, `OPAQUE`).
+//!
+//! While parsers feed turns in, the builder remembers the text of the last user turn that
+//! had any text (tool results do not count): that is the *intent text* the sketch reads.
+
+use crate::error::FingerprintError;
+use serde_json::Value;
+
+/// The API shape a body was parsed as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Api {
+    OpenAiChat,
+    OpenAiCompletions,
+    OpenAiResponses,
+    AnthropicMessages,
+}
+
+impl Api {
+    /// Stable name used in output records and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::OpenAiChat => "openai.chat_completions",
+            Api::OpenAiCompletions => "openai.completions",
+            Api::OpenAiResponses => "openai.responses",
+            Api::AnthropicMessages => "anthropic.messages",
+        }
+    }
+}
+
+/// Who speaks in a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Role {
+    User = 1,
+    Assistant = 2,
+    Tool = 3,
+    /// A system or developer message after the conversation started.
+    System = 4,
+    /// Anything else a client sent; kept so it still shapes the prefix.
+    Other = 5,
+}
+
+impl Role {
+    /// Maps an API role name. Parsers send system/developer messages that lead the
+    /// conversation to the stable prefix instead of a turn.
+    pub fn from_name(name: &str) -> Role {
+        match name {
+            "user" => Role::User,
+            "assistant" | "model" => Role::Assistant,
+            "tool" | "function" => Role::Tool,
+            "system" | "developer" => Role::System,
+            _ => Role::Other,
+        }
+    }
+}
+
+mod tag {
+    pub const MODEL: u8 = 0x01;
+    pub const SYSTEM: u8 = 0x02;
+    pub const TOOLS: u8 = 0x03;
+    pub const CONTEXT: u8 = 0x04;
+    pub const TURN: u8 = 0x10;
+    pub const TEXT: u8 = 0x20;
+    pub const IMAGE: u8 = 0x21;
+    pub const TOOL_CALL: u8 = 0x22;
+    pub const TOOL_RESULT: u8 = 0x23;
+    pub const DOCUMENT: u8 = 0x24;
+    pub const TOKENS: u8 = 0x25;
+    pub const OPAQUE: u8 = 0x26;
+}
+
+/// A request reduced to what shapes the engine's prompt.
+#[derive(Debug, Clone)]
+pub struct CanonicalPrompt {
+    pub api: Api,
+    pub model: String,
+    bytes: Vec<u8>,
+    stable_len: usize,
+    has_stable_context: bool,
+    intent: Option<String>,
+}
+
+impl CanonicalPrompt {
+    /// The whole canonical byte string.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Model + system + tools: the part shared by every request of one application.
+    pub fn stable_prefix(&self) -> &[u8] {
+        &self.bytes[..self.stable_len]
+    }
+
+    /// True when the stable prefix holds a system prompt or tools, not just the model name.
+    pub fn has_stable_context(&self) -> bool {
+        self.has_stable_context
+    }
+
+    /// Text of the last user turn that had text, if any.
+    pub fn last_user_text(&self) -> Option<&str> {
+        self.intent.as_deref()
+    }
+}
+
+/// Builds a [`CanonicalPrompt`]; the API parsers drive it.
+pub(crate) struct CanonicalBuilder {
+    api: Api,
+    model: String,
+    bytes: Vec<u8>,
+    stable_len: Option<usize>,
+    has_stable_context: bool,
+    turns: usize,
+    in_user_turn: bool,
+    user_text: String,
+    intent: Option<String>,
+}
+
+impl CanonicalBuilder {
+    pub fn new(api: Api, model: &str, size_hint: usize) -> Self {
+        let mut builder = CanonicalBuilder {
+            api,
+            model: model.to_owned(),
+            bytes: Vec::with_capacity(size_hint + 64),
+            stable_len: None,
+            has_stable_context: false,
+            turns: 0,
+            in_user_turn: false,
+            user_text: String::new(),
+            intent: None,
+        };
+        builder.segment(tag::MODEL, model.as_bytes());
+        builder
+    }
+
+    fn segment(&mut self, tag: u8, data: &[u8]) {
+        self.bytes.push(tag);
+        // Bodies are bounded far below 4 GiB; saturate rather than wrap if not.
+        let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        self.bytes.extend_from_slice(&len.to_le_bytes());
+        self.bytes.extend_from_slice(data);
+    }
+
+    fn json_segment(&mut self, tag: u8, value: &Value) {
+        // serde_json's map is a BTreeMap (no `preserve_order`), so keys come out sorted:
+        // the same tools in a different key order give the same bytes.
+        let text = value.to_string();
+        self.segment(tag, text.as_bytes());
+    }
+
+    /// System prompt text; only valid before the first turn.
+    pub fn system(&mut self, text: &str) {
+        debug_assert!(self.stable_len.is_none());
+        self.has_stable_context = true;
+        self.segment(tag::SYSTEM, text.as_bytes());
+    }
+
+    /// Tool definitions; only valid before the first turn.
+    pub fn tools(&mut self, tools: &Value) {
+        debug_assert!(self.stable_len.is_none());
+        if matches!(tools, Value::Array(items) if items.is_empty()) || tools.is_null() {
+            return;
+        }
+        self.has_stable_context = true;
+        self.json_segment(tag::TOOLS, tools);
+    }
+
+    fn end_stable_prefix(&mut self) {
+        if self.stable_len.is_none() {
+            self.stable_len = Some(self.bytes.len());
+        }
+    }
+
+    /// Conversation state held by the server (e.g. `previous_response_id`): part of the
+    /// prompt's identity, but not of the stable prefix.
+    pub fn context(&mut self, text: &str) {
+        self.end_stable_prefix();
+        self.segment(tag::CONTEXT, text.as_bytes());
+    }
+
+    fn close_turn(&mut self) {
+        if self.in_user_turn && !self.user_text.trim().is_empty() {
+            self.intent = Some(std::mem::take(&mut self.user_text));
+        }
+        self.user_text.clear();
+        self.in_user_turn = false;
+    }
+
+    pub fn begin_turn(&mut self, role: Role) {
+        self.end_stable_prefix();
+        self.close_turn();
+        self.turns += 1;
+        self.bytes.push(tag::TURN);
+        self.bytes.push(role as u8);
+        self.in_user_turn = role == Role::User;
+    }
+
+    pub fn text(&mut self, text: &str) {
+        self.segment(tag::TEXT, text.as_bytes());
+        if self.in_user_turn {
+            if !self.user_text.is_empty() {
+                self.user_text.push('\n');
+            }
+            self.user_text.push_str(text);
+        }
+    }
+
+    /// Text inside a user turn that is not the user's own words (a tool result, thinking):
+    /// part of the prompt, not of the intent.
+    pub fn text_not_intent(&mut self, text: &str) {
+        self.segment(tag::TEXT, text.as_bytes());
+    }
+
+    pub fn image(&mut self, reference: &str) {
+        self.segment(tag::IMAGE, reference.as_bytes());
+    }
+
+    pub fn document(&mut self, value: &Value) {
+        self.json_segment(tag::DOCUMENT, value);
+    }
+
+    pub fn tool_call(&mut self, name: &str, arguments: &Value) {
+        let mut data = Vec::with_capacity(name.len() + 64);
+        data.extend_from_slice(name.as_bytes());
+        data.push(0);
+        match arguments {
+            // OpenAI sends arguments as a JSON string; keep its exact text.
+            Value::String(text) => data.extend_from_slice(text.as_bytes()),
+            other => data.extend_from_slice(other.to_string().as_bytes()),
+        }
+        self.segment(tag::TOOL_CALL, &data);
+    }
+
+    /// Start of a tool result; its content follows as text/opaque parts.
+    pub fn tool_result(&mut self, call_id: &str) {
+        self.segment(tag::TOOL_RESULT, call_id.as_bytes());
+    }
+
+    pub fn tokens(&mut self, ids: &[u32]) {
+        let mut data = Vec::with_capacity(ids.len() * 4);
+        for id in ids {
+            data.extend_from_slice(&id.to_le_bytes());
+        }
+        self.segment(tag::TOKENS, &data);
+    }
+
+    /// A part we do not interpret; its canonical JSON still shapes the prefix.
+    pub fn opaque(&mut self, value: &Value) {
+        self.json_segment(tag::OPAQUE, value);
+    }
+
+    pub fn finish(mut self) -> Result<CanonicalPrompt, FingerprintError> {
+        self.end_stable_prefix();
+        self.close_turn();
+        if self.turns == 0 {
+            return Err(FingerprintError::EmptyPrompt {
+                api: self.api.as_str(),
+            });
+        }
+        Ok(CanonicalPrompt {
+            api: self.api,
+            model: self.model,
+            stable_len: self.stable_len.unwrap_or(self.bytes.len()),
+            bytes: self.bytes,
+            has_stable_context: self.has_stable_context,
+            intent: self.intent,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_turns(second: &str) -> CanonicalPrompt {
+        let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
+        b.system("be brief");
+        b.begin_turn(Role::User);
+        b.text("hello");
+        b.begin_turn(Role::Assistant);
+        b.text(second);
+        b.finish().unwrap()
+    }
+
+    #[test]
+    fn appending_a_turn_only_appends_bytes() {
+        let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
+        b.system("be brief");
+        b.begin_turn(Role::User);
+        b.text("hello");
+        let one = b.finish().unwrap();
+        let two = two_turns("hi there");
+        assert!(two.bytes().starts_with(one.bytes()));
+        assert_eq!(one.stable_prefix(), two.stable_prefix());
+    }
+
+    #[test]
+    fn length_prefixes_keep_part_boundaries_apart() {
+        let a = two_turns("ab");
+        let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
+        b.system("be brief");
+        b.begin_turn(Role::User);
+        b.text("hello");
+        b.begin_turn(Role::Assistant);
+        b.text("a");
+        b.text("b");
+        assert_ne!(a.bytes(), b.finish().unwrap().bytes());
+    }
+
+    #[test]
+    fn intent_is_last_user_turn_with_text() {
+        let mut b = CanonicalBuilder::new(Api::AnthropicMessages, "m", 0);
+        b.begin_turn(Role::User);
+        b.text("find flights to paris");
+        b.begin_turn(Role::Assistant);
+        b.tool_call("search", &Value::Null);
+        b.begin_turn(Role::User);
+        b.tool_result("t1");
+        let p = b.finish().unwrap();
+        assert_eq!(p.last_user_text(), Some("find flights to paris"));
+        assert!(!p.has_stable_context());
+    }
+
+    #[test]
+    fn no_turns_is_an_empty_prompt() {
+        let b = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
+        assert_eq!(b.finish().unwrap_err().bypass_reason(), "empty_prompt");
+    }
+}

@@ -1,0 +1,152 @@
+//! # cohort-fingerprint — the pure core of Cohort
+//!
+//! Turns one LLM API request body into the identities Cohort routes and batches on:
+//!
+//! 1. [`api`] parses OpenAI chat/completions/responses and Anthropic messages bodies into a
+//!    [`canonical`] prompt (model, system, tools, turns in order);
+//! 2. [`prefix`] hashes fixed-size blocks of it into a chain (like an engine's KV blocks)
+//!    and hashes the stable prefix (model + system + tools);
+//! 3. the intent text (the last user turn, or `x-original-query`) is [`normalize`]d,
+//!    [`mask`]ed and [`sketch`]ed into 32 int8 dimensions;
+//! 4. [`key`] derives the routing key from the tenant salt, the anchor (stable prefix or
+//!    cohort) and the app's key.
+//!
+//! [`knobs`] parses the client's header knobs. [`record`] is the JSONL line format of
+//! `cohort fingerprint` and of the wasm build.
+//!
+//! No I/O, no global state, no panics on any input: failures are [`FingerprintError`]s.
+//! Everything is integer arithmetic or IEEE-exact, so native and wasm32 builds produce the
+//! same bytes.
+
+pub mod api;
+pub mod canonical;
+pub mod error;
+pub mod key;
+pub mod knobs;
+pub mod mask;
+pub mod normalize;
+pub mod prefix;
+pub mod record;
+pub mod sketch;
+
+pub use canonical::{Api, CanonicalPrompt};
+pub use error::FingerprintError;
+pub use key::{Anchor, RoutingKey, TenantSalt};
+pub use knobs::{Knobs, ParsedKnobs, RawKnobs};
+pub use mask::Token;
+pub use sketch::{SemanticMode, Sketch, SKETCH_DIMS, SKETCH_VERSION};
+
+/// Default largest body the core parses (the filter's own buffer limit is lower).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// One request as the core sees it: the body plus what the headers said.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub body: &'a [u8],
+    /// HTTP path, when known; decides the API shape.
+    pub path: Option<&'a str>,
+    /// `x-original-query`: the user's words when a front end wrapped them in a template.
+    pub original_query: Option<&'a str>,
+    /// `x-cohort-routing-key`: mixed into the routing key.
+    pub app_routing_key: Option<&'a str>,
+    pub salt: TenantSalt,
+    pub semantic_mode: SemanticMode,
+    pub max_body_bytes: usize,
+}
+
+impl<'a> Request<'a> {
+    /// A request with only a body; everything else at its default.
+    pub fn new(body: &'a [u8]) -> Self {
+        Request {
+            body,
+            path: None,
+            original_query: None,
+            app_routing_key: None,
+            salt: TenantSalt::default(),
+            semantic_mode: SemanticMode::default(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+}
+
+/// The semantic part of a fingerprint: masked tokens and their sketch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntentSketch {
+    pub tokens: Vec<Token>,
+    pub sketch: Sketch,
+}
+
+impl IntentSketch {
+    /// Normalises, masks and sketches `text`.
+    pub fn of_text(text: &str, mode: SemanticMode) -> IntentSketch {
+        let tokens = mask::tokenize(&normalize::normalize(text));
+        let sketch = Sketch::from_tokens(&tokens, mode);
+        IntentSketch { tokens, sketch }
+    }
+
+    /// The masked tokens joined by spaces, for humans and logs.
+    pub fn masked_text(&self) -> String {
+        let parts: Vec<_> = self.tokens.iter().map(Token::as_text).collect();
+        parts.join(" ")
+    }
+
+    /// The cohort id: the sketch's sign signature.
+    pub fn cohort(&self) -> u32 {
+        self.sketch.signature()
+    }
+}
+
+/// Everything Cohort knows about one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fingerprint {
+    pub api: Api,
+    pub model: String,
+    /// Hash of model + system + tools.
+    pub stable_prefix: u64,
+    /// True when the request has a system prompt or tools.
+    pub has_stable_context: bool,
+    /// Chained hashes of [`prefix::BLOCK_BYTES`] blocks of the canonical prompt.
+    pub prefix_blocks: Vec<u64>,
+    /// Length of the canonical prompt in bytes.
+    pub prompt_bytes: usize,
+    pub intent: IntentSketch,
+    pub semantic_mode: SemanticMode,
+    pub anchor: Anchor,
+    pub routing_key: RoutingKey,
+}
+
+/// Fingerprints one request.
+pub fn fingerprint(request: &Request<'_>) -> Result<Fingerprint, FingerprintError> {
+    if request.body.len() > request.max_body_bytes {
+        return Err(FingerprintError::BodyTooLarge {
+            size: request.body.len(),
+            limit: request.max_body_bytes,
+        });
+    }
+    let prompt = api::parse_request(request.body, request.path)?;
+    let salt = request.salt.0;
+    let stable_prefix = prefix::stable_prefix_hash(prompt.stable_prefix(), salt);
+    let prefix_blocks = prefix::block_hashes(prompt.bytes(), salt);
+    let intent_text = request
+        .original_query
+        .or(prompt.last_user_text())
+        .unwrap_or("");
+    let intent = IntentSketch::of_text(intent_text, request.semantic_mode);
+    let anchor = if prompt.has_stable_context() {
+        Anchor::StablePrefix(stable_prefix)
+    } else {
+        Anchor::Cohort(intent.cohort())
+    };
+    Ok(Fingerprint {
+        api: prompt.api,
+        stable_prefix,
+        has_stable_context: prompt.has_stable_context(),
+        prefix_blocks,
+        prompt_bytes: prompt.bytes().len(),
+        routing_key: RoutingKey::new(request.salt, anchor, request.app_routing_key),
+        anchor,
+        intent,
+        semantic_mode: request.semantic_mode,
+        model: prompt.model,
+    })
+}

@@ -1,0 +1,93 @@
+//! Unicode normalisation of intent text, before masking.
+//!
+//! NFKC folds compatibility forms (full-width letters, ligatures, superscripts) onto their
+//! plain forms; zero-width and invisible format characters (ZWSP/ZWJ/ZWNJ, bidi
+//! overrides and isolates, BOM, soft hyphen, variation selectors, tag characters) are
+//! removed so they cannot split or disguise words; control characters become spaces.
+//! Case folding happens per word in [`crate::mask`], after name detection has seen the
+//! capitals. Emoji pass through and become tokens of their own.
+//!
+//! Long turns are cut to their first and last [`HALF_WINDOW`] bytes: a pasted document's
+//! ask sits at its start or end, and the sketch's cost stays bounded.
+
+use unicode_normalization::UnicodeNormalization;
+
+/// Bytes kept from each end of a long intent text.
+pub const HALF_WINDOW: usize = 8 * 1024;
+
+/// Normalises `text` for masking and tokenising.
+pub fn normalize(text: &str) -> String {
+    let text = head_and_tail(text);
+    let mut out = String::with_capacity(text.len());
+    for c in text.nfkc() {
+        if is_invisible(c) {
+            continue;
+        }
+        out.push(if c.is_control() && c != '\n' { ' ' } else { c });
+    }
+    out
+}
+
+/// True for characters that render as nothing but can split or disguise words.
+pub fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}'                      // soft hyphen
+        | '\u{034F}'                    // combining grapheme joiner
+        | '\u{061C}'                    // Arabic letter mark
+        | '\u{180E}'                    // Mongolian vowel separator
+        | '\u{200B}'..='\u{200F}'       // ZWSP, ZWNJ, ZWJ, LRM, RLM
+        | '\u{202A}'..='\u{202E}'       // bidi embeddings and overrides
+        | '\u{2060}'..='\u{206F}'       // word joiner, invisible operators, bidi isolates
+        | '\u{FE00}'..='\u{FE0F}'       // variation selectors
+        | '\u{FEFF}'                    // BOM / ZWNBSP
+        | '\u{E0000}'..='\u{E007F}'     // tag characters
+        | '\u{E0100}'..='\u{E01EF}'     // variation selectors supplement
+    )
+}
+
+fn head_and_tail(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= 2 * HALF_WINDOW {
+        return text.into();
+    }
+    let mut head_end = HALF_WINDOW;
+    while !text.is_char_boundary(head_end) {
+        head_end -= 1;
+    }
+    let mut tail_start = text.len() - HALF_WINDOW;
+    while !text.is_char_boundary(tail_start) {
+        tail_start += 1;
+    }
+    format!("{}\n\n{}", &text[..head_end], &text[tail_start..]).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nfkc_folds_compatibility_forms() {
+        assert_eq!(normalize("ｒｅｆｕｎｄ ﬁle"), "refund file");
+    }
+
+    #[test]
+    fn invisible_characters_are_removed() {
+        assert_eq!(
+            normalize("re\u{200B}fu\u{200D}nd\u{FEFF} \u{202E}card"),
+            "refund card"
+        );
+    }
+
+    #[test]
+    fn controls_become_spaces_and_emoji_stay() {
+        assert_eq!(normalize("a\u{0}b\tc\nd 🙂"), "a b c\nd 🙂");
+    }
+
+    #[test]
+    fn long_text_keeps_head_and_tail() {
+        let text = format!("start {} end", "é".repeat(20_000));
+        let out = normalize(&text);
+        assert!(out.starts_with("start "));
+        assert!(out.ends_with(" end"));
+        assert!(out.len() <= 2 * HALF_WINDOW + 2);
+    }
+}

@@ -1,0 +1,1 @@
+//! Cross-component tests live in `tests/`; this library is empty on purpose.
