@@ -266,7 +266,8 @@ impl CanonicalBuilder {
     pub fn finish(mut self) -> Result<CanonicalPrompt, FingerprintError> {
         self.end_stable_prefix();
         self.close_turn();
-        if self.turns == 0 {
+        // A system prompt alone is a prompt (engines accept system-only chats).
+        if self.turns == 0 && !self.has_stable_context {
             return Err(FingerprintError::EmptyPrompt {
                 api: self.api.as_str(),
             });
@@ -336,7 +337,7 @@ mod tests {
     }
 
     #[test]
-    fn no_turns_is_an_empty_prompt() {
+    fn no_turns_and_no_system_is_an_empty_prompt() {
         let b = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
         assert_eq!(b.finish().unwrap_err().bypass_reason(), "empty_prompt");
     }

@@ -22,11 +22,17 @@ fn check_shape(name: &str, path: &str, api: Api, intent: &str) -> (Value, Finger
     let value = body(name);
     let by_body = fp(&value, None);
     let by_path = fp(&value, Some(path));
-    assert_eq!(by_body, by_path, "{name}: the path and the body agree on the shape");
+    assert_eq!(
+        by_body, by_path,
+        "{name}: the path and the body agree on the shape"
+    );
     assert_eq!(by_body.api, api);
     assert_eq!(by_body.intent.masked_text(), intent);
     assert!(!by_body.prefix_blocks.is_empty());
-    assert_eq!(by_body.prefix_blocks.len(), by_body.prompt_bytes.div_ceil(BLOCK_BYTES));
+    assert_eq!(
+        by_body.prefix_blocks.len(),
+        by_body.prompt_bytes.div_ceil(BLOCK_BYTES)
+    );
     (value, by_body)
 }
 
@@ -53,19 +59,23 @@ fn openai_chat_with_tools_and_an_image_part() {
     let mut reordered = value.clone();
     let tool = &mut reordered["tools"][0]["function"];
     let description = tool.as_object_mut().unwrap().remove("description").unwrap();
-    tool.as_object_mut().unwrap().insert("description".into(), description);
+    tool.as_object_mut()
+        .unwrap()
+        .insert("description".into(), description);
     assert_eq!(fp(&reordered, None).prefix_blocks, base.prefix_blocks);
 
     // The image's bytes are part of the prompt.
     let mut other_image = value.clone();
-    other_image["messages"][2]["content"][1]["image_url"]["url"] = json!("https://img.example/x.png");
+    other_image["messages"][2]["content"][1]["image_url"]["url"] =
+        json!("https://img.example/x.png");
     let changed = fp(&other_image, None);
     assert_eq!(changed.stable_prefix, base.stable_prefix);
     assert_ne!(changed.prefix_blocks.last(), base.prefix_blocks.last());
 
     // Tool calls and tool results are part of the conversation.
     let mut other_call = value.clone();
-    other_call["messages"][3]["tool_calls"][0]["function"]["arguments"] = json!("{\"booking_ref\":\"ZZZ\"}");
+    other_call["messages"][3]["tool_calls"][0]["function"]["arguments"] =
+        json!("{\"booking_ref\":\"ZZZ\"}");
     assert_ne!(fp(&other_call, None).prefix_blocks, base.prefix_blocks);
 }
 
@@ -75,7 +85,8 @@ fn a_growing_conversation_keeps_its_prefix_blocks() {
     let base = fp(&value, None);
     let mut longer = value.clone();
     let messages = longer["messages"].as_array_mut().unwrap();
-    messages.push(json!({"role": "assistant", "content": "Yes, seat 12A is free. Shall I book it?"}));
+    messages
+        .push(json!({"role": "assistant", "content": "Yes, seat 12A is free. Shall I book it?"}));
     messages.push(json!({"role": "user", "content": "Yes please."}));
     let grown = fp(&longer, None);
     let full_blocks = base.prompt_bytes / BLOCK_BYTES;
@@ -93,18 +104,28 @@ fn openai_completions_with_an_array_prompt() {
         Api::OpenAiCompletions,
         "translate to <name> how much does a ticket to <name> cost french",
     );
-    assert!(!base.has_stable_context, "completions have no system prompt or tools");
+    assert!(
+        !base.has_stable_context,
+        "completions have no system prompt or tools"
+    );
     assert_eq!(base.anchor, Anchor::Cohort(base.intent.cohort()));
 
     let mut single = value.clone();
     single["prompt"] = value["prompt"][0].clone();
     let single = fp(&single, None);
-    assert_eq!(common_prefix_blocks(&single.prefix_blocks, &base.prefix_blocks), 0, "short prompts: one partial block each");
+    assert_eq!(
+        common_prefix_blocks(&single.prefix_blocks, &base.prefix_blocks),
+        0,
+        "short prompts: one partial block each"
+    );
 
     let mut tokens = value.clone();
     tokens["prompt"] = json!([[1, 2, 3], [4, 5]]);
     let tokens = fp(&tokens, None);
-    assert!(tokens.intent.sketch.is_zero(), "token prompts carry no text to sketch");
+    assert!(
+        tokens.intent.sketch.is_zero(),
+        "token prompts carry no text to sketch"
+    );
 }
 
 #[test]
@@ -130,7 +151,10 @@ fn openai_responses_with_items() {
     assert_ne!(changed.prefix_blocks, base.prefix_blocks);
 
     // A plain string input is one user turn.
-    let plain = fp(&json!({"model": "gpt-4.1", "input": "Tell me a joke about SREs"}), None);
+    let plain = fp(
+        &json!({"model": "gpt-4.1", "input": "Tell me a joke about SREs"}),
+        None,
+    );
     assert_eq!(plain.intent.masked_text(), "tell me a joke about sres");
 }
 
@@ -148,7 +172,10 @@ fn anthropic_with_system_blocks_and_a_tool_result() {
 
     // A cache breakpoint is a hint, not content.
     let mut no_cache_control = value.clone();
-    no_cache_control["system"][1].as_object_mut().unwrap().remove("cache_control");
+    no_cache_control["system"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("cache_control");
     assert_eq!(fp(&no_cache_control, None), base);
 
     // The system text is; so is the tool result.
@@ -164,7 +191,10 @@ fn anthropic_with_system_blocks_and_a_tool_result() {
     // A system string and the same text as one block are the same prompt.
     let as_string = json!({"model": "m", "system": "be brief", "messages": [{"role": "user", "content": "hi"}]});
     let as_blocks = json!({"model": "m", "system": [{"type": "text", "text": "be brief"}], "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]});
-    assert_eq!(fp(&as_string, None).prefix_blocks, fp(&as_blocks, None).prefix_blocks);
+    assert_eq!(
+        fp(&as_string, None).prefix_blocks,
+        fp(&as_blocks, None).prefix_blocks
+    );
 }
 
 #[test]

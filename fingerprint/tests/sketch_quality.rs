@@ -108,3 +108,102 @@ fn banking77_intents_group_together() {
         );
     }
 }
+
+const TEMPLATES: [&str; 5] = [
+    "Hi, please refund order {num} for {name}, the receipt is at {url}",
+    "Why was my payment of ${num} to {name} declined? Ticket {id}",
+    "Can you send the invoice {id} to {email} before {date}?",
+    "How do I reset the password for {email}? I tried {num} times from {url}",
+    "Book a table for {num} people at {name} on {date} and text {name} the link {url}",
+];
+const NAMES: [&str; 5] = [
+    "John",
+    "Mary Ann Smith",
+    "Lisbon",
+    "Oleksandr Kovalenko",
+    "Dr Zhou",
+];
+const NUMS: [&str; 5] = ["12", "1,299.50", "3", "40000", "7.5"];
+const URLS: [&str; 5] = [
+    "https://shop.example.com/r/12?x=1",
+    "http://a.io",
+    "www.bank.example/help",
+    "https://x.y/z#frag",
+    "ftp://files.example.org/a.pdf",
+];
+const EMAILS: [&str; 5] = [
+    "jane@x.com",
+    "bob.s@corp.co.uk",
+    "a+b@c.io",
+    "first.last@sub.example.org",
+    "z@q.de",
+];
+const IDS: [&str; 5] = [
+    "550e8400-e29b-41d4-a716-446655440000",
+    "AB12CD9",
+    "INV-2024-0042",
+    "deadbeef1234",
+    "X9Z8Y7",
+];
+const DATES: [&str; 5] = ["2024-06-14", "12/05/2024", "14.06.2024", "10:30", "3rd"];
+
+fn fill(template: &str, i: usize) -> String {
+    template
+        .replacen("{name}", NAMES[i], 1)
+        .replacen("{name}", NAMES[(i + 2) % 5], 1)
+        .replace("{num}", NUMS[i])
+        .replace("{url}", URLS[i])
+        .replace("{email}", EMAILS[i])
+        .replace("{id}", IDS[i])
+        .replace("{date}", DATES[i])
+}
+
+#[test]
+fn one_template_with_different_variables_gives_one_sketch() {
+    println!("\nTemplates x 5 fillings (names, numbers, URLs, e-mails, ids, dates)");
+    println!(
+        "{:<8} {:>22} {:>26}",
+        "mode", "within-template sims", "across-template sim max"
+    );
+    for mode in [
+        SemanticMode::Intent,
+        SemanticMode::Topic,
+        SemanticMode::Hybrid,
+    ] {
+        let sketches: Vec<Vec<IntentSketch>> = TEMPLATES
+            .iter()
+            .map(|t| {
+                (0..5)
+                    .map(|i| IntentSketch::of_text(&fill(t, i), mode))
+                    .collect()
+            })
+            .collect();
+        for (template, fills) in TEMPLATES.iter().zip(&sketches) {
+            for other in &fills[1..] {
+                assert_eq!(
+                    other.sketch,
+                    fills[0].sketch,
+                    "{template}: {:?} vs {:?}",
+                    other.masked_text(),
+                    fills[0].masked_text()
+                );
+            }
+        }
+        let mut across: f32 = -1.0;
+        for (i, a) in sketches.iter().enumerate() {
+            for b in &sketches[i + 1..] {
+                across = across.max(a[0].sketch.similarity(&b[0].sketch));
+            }
+        }
+        println!(
+            "{:<8} {:>22} {:>26.3}",
+            mode.as_str(),
+            "1.000 (identical)",
+            across
+        );
+        assert!(
+            across < 0.8,
+            "{mode:?}: different templates too close ({across:.3})"
+        );
+    }
+}
