@@ -13,8 +13,8 @@ fn message() -> impl Strategy<Value = Value> {
     let role = prop::sample::select(vec!["user", "assistant", "tool", "system", "weird"]);
     let text = any::<String>();
     let content = prop_oneof![
-        text.clone().prop_map(Value::from),
-        prop::collection::vec(text.clone(), 0..3).prop_map(|parts| {
+        text.prop_map(Value::from),
+        prop::collection::vec(text, 0..3).prop_map(|parts| {
             Value::Array(
                 parts
                     .into_iter()
