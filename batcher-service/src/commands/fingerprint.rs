@@ -110,6 +110,7 @@ struct Summary {
 struct KeyGroup {
     first_line: usize,
     count: usize,
+    cohorts: std::collections::BTreeSet<String>,
     anchor: &'static str,
     example: String,
 }
@@ -125,10 +126,12 @@ impl Summary {
         let group = self.keys.entry(key).or_insert_with(|| KeyGroup {
             first_line: record.line,
             count: 0,
+            cohorts: Default::default(),
             anchor: record.anchor.unwrap_or(""),
             example: record.intent_text.clone().unwrap_or_default(),
         });
         group.count += 1;
+        group.cohorts.extend(record.cohort.clone());
     }
 
     fn print(&self, out: &mut impl Write) -> Result<()> {
@@ -142,19 +145,21 @@ impl Summary {
         )?;
         writeln!(
             out,
-            "{:<16}  {:>5}  {:<13}  example intent (masked)",
-            "routing key", "lines", "anchor"
+            "{:<16}  {:>5}  {:>7}  {:<13}  example intent (masked)",
+            "routing key", "lines", "cohorts", "anchor"
         )?;
         for (key, group) in groups {
             let example: String = group.example.chars().take(60).collect();
             writeln!(
                 out,
-                "{key:<16}  {:>5}  {:<13}  {example}",
-                group.count, group.anchor
+                "{key:<16}  {:>5}  {:>7}  {:<13}  {example}",
+                group.count,
+                group.cohorts.len(),
+                group.anchor
             )?;
         }
         for (reason, count) in &self.bypass {
-            writeln!(out, "{:<16}  {count:>5}  bypass: {reason}", "-")?;
+            writeln!(out, "{:<16}  {count:>5}  {:>7}  bypass: {reason}", "-", "-")?;
         }
         Ok(())
     }
