@@ -119,6 +119,15 @@ fn split_blocks(text: &str) -> Vec<Piece<'_>> {
     let mut i = 0;
     while i < text.len() {
         let rest = &text[i..];
+        let first = rest.as_bytes()[0];
+        // Only a backtick or a quote can open a masked block; skip everything else fast.
+        if !matches!(first, b'`' | b'"' | b'\'' | 0xC2 | 0xE2 | 0xE3) {
+            i += 1;
+            while i < text.len() && !text.is_char_boundary(i) {
+                i += 1;
+            }
+            continue;
+        }
         let masked = if let Some(body) = rest.strip_prefix("```") {
             Some((
                 Mask::Code,
@@ -299,7 +308,11 @@ fn word(run: &str, starts_sentence: bool, out: &mut Tokens) {
     if !starts_sentence && looks_like_name(run) {
         return out.push(Token::Mask(Mask::Name));
     }
-    out.push(Token::Word(caseless::default_case_fold_str(run)));
+    out.push(Token::Word(if run.is_ascii() {
+        run.to_ascii_lowercase()
+    } else {
+        caseless::default_case_fold_str(run)
+    }));
 }
 
 /// Capitalised with no other capitals ("Paris", not "SREs" or "ATM"), and not the

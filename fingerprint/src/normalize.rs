@@ -19,6 +19,17 @@ pub const HALF_WINDOW: usize = 8 * 1024;
 pub fn normalize(text: &str) -> String {
     let text = head_and_tail(text);
     let mut out = String::with_capacity(text.len());
+    // ASCII is already NFKC and has no invisible characters: only controls to replace.
+    if text.is_ascii() {
+        out.extend(text.chars().map(|c| {
+            if c.is_ascii_control() && c != '\n' {
+                ' '
+            } else {
+                c
+            }
+        }));
+        return out;
+    }
     for c in text.nfkc() {
         if is_invisible(c) {
             continue;

@@ -25,7 +25,8 @@
 use crate::mask::Token;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use std::sync::OnceLock;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Number of dimensions.
 pub const SKETCH_DIMS: usize = 32;
@@ -105,6 +106,22 @@ struct Weights {
     symbol: i32,
 }
 
+impl Weights {
+    fn of(&self, class: WordClass) -> i32 {
+        match class {
+            WordClass::Content => self.content,
+            WordClass::Asking => self.asking,
+            WordClass::Function => self.function,
+            WordClass::Mask => self.mask,
+            WordClass::Symbol => self.symbol,
+        }
+    }
+}
+
+fn unigram_hash(text: &str) -> u64 {
+    xxh3_64_with_seed(text.as_bytes(), UNIGRAM_SEED)
+}
+
 /// A 32-dimension int8 sketch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Sketch(pub [i8; SKETCH_DIMS]);
@@ -117,44 +134,24 @@ impl Sketch {
     pub fn from_tokens(tokens: &[Token], mode: SemanticMode) -> Sketch {
         let weights = mode.weights();
         let mut acc = [0i32; SKETCH_DIMS];
-        let stems: Vec<(std::borrow::Cow<'_, str>, WordClass)> = tokens
-            .iter()
-            .map(|token| match token {
-                Token::Word(word) => (stem(word).into(), classify(word)),
-                Token::Mask(_) => (token.as_text(), WordClass::Mask),
-                Token::Symbol(_) => (token.as_text(), WordClass::Symbol),
-            })
-            .collect();
-
-        for (text, class) in &stems {
-            let weight = match class {
-                WordClass::Content => weights.content,
-                WordClass::Asking => weights.asking,
-                WordClass::Function => weights.function,
-                WordClass::Mask => weights.mask,
-                WordClass::Symbol => weights.symbol,
+        let mut previous: Option<(u64, WordClass)> = None;
+        for token in tokens {
+            let (hash, class) = match token {
+                Token::Word(word) => (unigram_hash(stem(word)), classify(word)),
+                Token::Mask(mask) => (unigram_hash(mask.placeholder()), WordClass::Mask),
+                Token::Symbol(c) => (unigram_hash(c.encode_utf8(&mut [0; 4])), WordClass::Symbol),
             };
-            add(
-                &mut acc,
-                xxh3_64_with_seed(text.as_bytes(), UNIGRAM_SEED),
-                weight,
-            );
-        }
-        if weights.bigram > 0 {
-            let mut pair = Vec::with_capacity(64);
-            for window in stems.windows(2) {
-                let [(a, class_a), (b, class_b)] = window else {
-                    continue;
-                };
-                pair.clear();
-                pair.extend_from_slice(a.as_bytes());
-                pair.push(0);
-                pair.extend_from_slice(b.as_bytes());
+            add(&mut acc, hash, weights.of(class));
+            if let (Some((previous_hash, previous_class)), true) = (previous, weights.bigram > 0) {
+                let mut pair = [0u8; 16];
+                pair[..8].copy_from_slice(&previous_hash.to_le_bytes());
+                pair[8..].copy_from_slice(&hash.to_le_bytes());
                 let both_function =
-                    *class_a == WordClass::Function && *class_b == WordClass::Function;
+                    previous_class == WordClass::Function && class == WordClass::Function;
                 let weight = if both_function { 1 } else { weights.bigram };
                 add(&mut acc, xxh3_64_with_seed(&pair, BIGRAM_SEED), weight);
             }
+            previous = Some((hash, class));
         }
         Sketch::quantize(&acc)
     }
@@ -238,25 +235,43 @@ enum WordClass {
 
 const ASKING: &[&str] = &[
     "can", "can't", "cannot", "could", "couldn't", "didn't", "doesn't", "don't", "how", "isn't",
-    "need", "never", "no", "not", "should", "wasn't", "what", "when", "where", "which", "who",
-    "why", "won't", "would", "want",
+    "need", "never", "no", "not", "should", "want", "wasn't", "what", "when", "where", "which",
+    "who", "why", "won't", "would",
 ];
 
 const FUNCTION: &[&str] = &[
-    "a", "about", "am", "an", "and", "any", "are", "as", "at", "be", "been", "but", "by", "do",
-    "does", "did", "for", "from", "had", "has", "have", "hello", "hey", "hi", "i", "i'm", "i've",
+    "a", "about", "am", "an", "and", "any", "are", "as", "at", "be", "been", "but", "by", "did",
+    "do", "does", "for", "from", "had", "has", "have", "hello", "hey", "hi", "i", "i'm", "i've",
     "if", "in", "into", "is", "it", "it's", "its", "just", "me", "my", "of", "on", "or", "our",
     "please", "so", "some", "that", "the", "their", "them", "there", "these", "they", "this",
     "those", "to", "up", "us", "was", "we", "were", "will", "with", "you", "your",
 ];
 
+/// Longest word in the lists; longer words are content without a lookup.
+const LONGEST_LISTED: usize = 8;
+
 fn classify(word: &str) -> WordClass {
-    if ASKING.contains(&word) {
-        WordClass::Asking
-    } else if FUNCTION.contains(&word) {
-        WordClass::Function
-    } else {
-        WordClass::Content
+    static TABLE: OnceLock<Vec<(u64, WordClass)>> = OnceLock::new();
+    if word.len() > LONGEST_LISTED {
+        return WordClass::Content;
+    }
+    let table = TABLE.get_or_init(|| {
+        let mut table: Vec<(u64, WordClass)> = ASKING
+            .iter()
+            .map(|w| (xxh3_64(w.as_bytes()), WordClass::Asking))
+            .chain(
+                FUNCTION
+                    .iter()
+                    .map(|w| (xxh3_64(w.as_bytes()), WordClass::Function)),
+            )
+            .collect();
+        table.sort_unstable_by_key(|(hash, _)| *hash);
+        table
+    });
+    let hash = xxh3_64(word.as_bytes());
+    match table.binary_search_by_key(&hash, |(h, _)| *h) {
+        Ok(i) => table[i].1,
+        Err(_) => WordClass::Content,
     }
 }
 
@@ -297,6 +312,18 @@ mod tests {
         let empty = sketch("", SemanticMode::Hybrid);
         assert!(empty.is_zero());
         assert_eq!(a.similarity(&empty), 0.0);
+    }
+
+    #[test]
+    fn word_lists_classify_and_fit_the_length_bound() {
+        for word in ASKING.iter().chain(FUNCTION) {
+            assert!(word.len() <= LONGEST_LISTED, "{word}");
+        }
+        assert_eq!(classify("how"), WordClass::Asking);
+        assert_eq!(classify("couldn't"), WordClass::Asking);
+        assert_eq!(classify("the"), WordClass::Function);
+        assert_eq!(classify("refund"), WordClass::Content);
+        assert_eq!(classify("withdrawal"), WordClass::Content);
     }
 
     #[test]
