@@ -15,8 +15,15 @@ use std::fmt;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Per-tenant seed for every Cohort hash.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TenantSalt(pub u64);
+
+impl Default for TenantSalt {
+    /// No secret, no tenant: what the filter, the CLI and the core use by default.
+    fn default() -> Self {
+        TenantSalt::new(b"", None)
+    }
+}
 
 impl TenantSalt {
     /// Salt for `tenant` under a deployment secret (the filter's config; empty is allowed).

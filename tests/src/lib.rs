@@ -1,1 +1,29 @@
-//! Cross-component tests live in `tests/`; this library is empty on purpose.
+//! Harness for Cohort's cross-component tests: real Envoy processes running the real
+//! filter, recording upstream HTTP servers on loopback, and the repository's Envoy configs
+//! adapted to free ports.
+//!
+//! - [`envoy`]: start Envoy from the pinned wheel (`.cohort/bin/envoy`) with
+//!   `--use-dynamic-base-id`, wait until ready, read admin stats, stop it by pid;
+//! - [`upstream`]: HTTP/1.1 and HTTP/2 servers that record every request they receive;
+//! - [`config`]: load `istio/envoy/*.yaml` and point it at test ports and the built filter;
+//! - [`client`]: a minimal HTTP/1.1 client over a raw socket, so tests control every byte.
+
+pub mod client;
+pub mod config;
+pub mod envoy;
+pub mod upstream;
+
+use std::path::PathBuf;
+
+/// The repository root.
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A TCP port free on loopback at the time of the call.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port on loopback")
+}

@@ -1,0 +1,316 @@
+//! The filter's plugin configuration (the JSON in Envoy's `configuration` or Istio's
+//! `pluginConfig`), with defaults for everything and validation.
+//!
+//! An invalid configuration is never fatal to traffic: the root context logs why and every
+//! request passes through untouched (`x-cohort-bypass: invalid_config`).
+//!
+//! ```json
+//! {
+//!   "mode": "affinity",
+//!   "body_limit_bytes": 1048576,
+//!   "header_limit_bytes": 8192,
+//!   "api_paths": ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"],
+//!   "tenant_header": "x-cohort-tenant",
+//!   "trust_tenant_header": false,
+//!   "salt_secret": "",
+//!   "batcher_cluster": "cohort-batcher",
+//!   "assign_deadline_ms": 25,
+//!   "observe": true,
+//!   "headers": { "key": "x-cohort-key", "...": "..." }
+//! }
+//! ```
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// How the filter routes (DESIGN.md, "Modes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// `x-cohort-key` for a consistent-hash DestinationRule; needs no batcher.
+    #[default]
+    Affinity,
+    /// Ask the batcher for a shard (falls back to affinity on timeout or error).
+    Assign,
+    /// Send batchable requests to the batcher's HTTP front.
+    Batch,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Affinity => "affinity",
+            Mode::Assign => "assign",
+            Mode::Batch => "batch",
+        }
+    }
+}
+
+/// Names of the headers the filter reads and writes (DESIGN.md, "Header contract").
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HeaderNames {
+    pub key: String,
+    pub prefix: String,
+    pub fp: String,
+    pub cluster: String,
+    pub shard: String,
+    pub bypass: String,
+    pub response: String,
+    pub prefetch: String,
+    pub batch_threshold: String,
+    pub cache_ttl: String,
+    pub semantic_mode: String,
+    pub routing_key: String,
+    pub original_query: String,
+    pub session: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        use cohort_fingerprint::knobs::header;
+        HeaderNames {
+            key: "x-cohort-key".into(),
+            prefix: "x-cohort-prefix".into(),
+            fp: "x-cohort-fp".into(),
+            cluster: "x-cohort-cluster".into(),
+            shard: "x-cohort-shard".into(),
+            bypass: "x-cohort-bypass".into(),
+            response: "x-cohort".into(),
+            prefetch: header::PREFETCH.into(),
+            batch_threshold: header::BATCH_THRESHOLD.into(),
+            cache_ttl: header::CACHE_TTL.into(),
+            semantic_mode: header::SEMANTIC_MODE.into(),
+            routing_key: header::ROUTING_KEY.into(),
+            original_query: header::ORIGINAL_QUERY.into(),
+            session: header::SESSION.into(),
+        }
+    }
+}
+
+impl HeaderNames {
+    /// Headers only the filter may write: a client's values are removed from every request.
+    pub fn reserved(&self) -> [&str; 6] {
+        [
+            &self.key,
+            &self.prefix,
+            &self.fp,
+            &self.cluster,
+            &self.shard,
+            &self.bypass,
+        ]
+    }
+
+    fn all(&self) -> [(&'static str, &str); 14] {
+        [
+            ("key", &self.key),
+            ("prefix", &self.prefix),
+            ("fp", &self.fp),
+            ("cluster", &self.cluster),
+            ("shard", &self.shard),
+            ("bypass", &self.bypass),
+            ("response", &self.response),
+            ("prefetch", &self.prefetch),
+            ("batch_threshold", &self.batch_threshold),
+            ("cache_ttl", &self.cache_ttl),
+            ("semantic_mode", &self.semantic_mode),
+            ("routing_key", &self.routing_key),
+            ("original_query", &self.original_query),
+            ("session", &self.session),
+        ]
+    }
+}
+
+/// The whole plugin configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FilterConfig {
+    pub mode: Mode,
+    /// Largest body buffered and fingerprinted; larger bodies are bypassed, never rejected.
+    /// Keep it below the listener's `per_connection_buffer_limit_bytes`.
+    pub body_limit_bytes: usize,
+    /// Largest total size of request headers (names + values) acted on.
+    pub header_limit_bytes: usize,
+    /// Request paths (query string ignored) the filter acts on; matched as suffixes so
+    /// `/openai/v1/chat/completions` counts. Everything else passes untouched.
+    pub api_paths: Vec<String>,
+    /// Header carrying the tenant; salts every hash.
+    pub tenant_header: String,
+    /// Whether the tenant header is trusted as received (an earlier filter set it after
+    /// authentication). If false, a client's value is removed and the tenant is the mTLS
+    /// peer identity (`source.principal`), or none.
+    pub trust_tenant_header: bool,
+    /// Deployment secret mixed into every tenant salt.
+    pub salt_secret: String,
+    /// Envoy cluster of the batcher's gRPC API (assign and batch modes).
+    pub batcher_cluster: String,
+    /// Deadline of an Assign call before falling back to affinity.
+    pub assign_deadline_ms: u64,
+    /// Whether to stream observations to the batcher.
+    pub observe: bool,
+    pub headers: HeaderNames,
+}
+
+impl Default for FilterConfig {
+    fn default() -> Self {
+        FilterConfig {
+            mode: Mode::Affinity,
+            body_limit_bytes: 1024 * 1024,
+            header_limit_bytes: 8 * 1024,
+            api_paths: [
+                "/v1/chat/completions",
+                "/v1/completions",
+                "/v1/responses",
+                "/v1/messages",
+            ]
+            .map(String::from)
+            .to_vec(),
+            tenant_header: "x-cohort-tenant".into(),
+            trust_tenant_header: false,
+            salt_secret: String::new(),
+            batcher_cluster: "cohort-batcher".into(),
+            assign_deadline_ms: 25,
+            observe: true,
+            headers: HeaderNames::default(),
+        }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("configuration is not valid JSON for the cohort filter: {0}")]
+    Json(String),
+    #[error("{field} must be between {min} and {max}, got {value}")]
+    OutOfRange {
+        field: &'static str,
+        value: u64,
+        min: u64,
+        max: u64,
+    },
+    #[error("header name for {field} ({value:?}) must be a non-empty lowercase HTTP token")]
+    HeaderName { field: &'static str, value: String },
+    #[error("api_paths must be non-empty and each start with '/', got {0:?}")]
+    ApiPaths(Vec<String>),
+}
+
+impl FilterConfig {
+    /// Parses and validates; empty input means all defaults.
+    pub fn parse(bytes: &[u8]) -> Result<FilterConfig, ConfigError> {
+        let config: FilterConfig = if bytes.iter().all(u8::is_ascii_whitespace) {
+            FilterConfig::default()
+        } else {
+            serde_json::from_slice(bytes).map_err(|e| ConfigError::Json(e.to_string()))?
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        range(
+            "body_limit_bytes",
+            self.body_limit_bytes as u64,
+            1,
+            64 << 20,
+        )?;
+        range(
+            "header_limit_bytes",
+            self.header_limit_bytes as u64,
+            256,
+            1 << 20,
+        )?;
+        range("assign_deadline_ms", self.assign_deadline_ms, 1, 10_000)?;
+        if self.api_paths.is_empty() || self.api_paths.iter().any(|p| !p.starts_with('/')) {
+            return Err(ConfigError::ApiPaths(self.api_paths.clone()));
+        }
+        let mut names = self.headers.all().to_vec();
+        names.push(("tenant_header", &self.tenant_header));
+        for (field, value) in names {
+            if !is_header_token(value) {
+                return Err(ConfigError::HeaderName {
+                    field,
+                    value: value.to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// True when `path` (query string ignored) is one of the LLM API paths.
+    pub fn is_api_path(&self, path: &str) -> bool {
+        let path = path.split(['?', '#']).next().unwrap_or(path);
+        let path = path.strip_suffix('/').unwrap_or(path);
+        self.api_paths
+            .iter()
+            .any(|suffix| path.ends_with(suffix.as_str()))
+    }
+}
+
+fn range(field: &'static str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(ConfigError::OutOfRange {
+            field,
+            value,
+            min,
+            max,
+        })
+    }
+}
+
+/// Lowercase RFC 9110 token (Envoy stores header names lowercase).
+fn is_header_token(name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_is_all_defaults() {
+        assert_eq!(FilterConfig::parse(b"").unwrap(), FilterConfig::default());
+        assert_eq!(FilterConfig::parse(b"{}").unwrap(), FilterConfig::default());
+    }
+
+    #[test]
+    fn fields_override_defaults() {
+        let config = FilterConfig::parse(
+            br#"{"mode":"assign","body_limit_bytes":65536,"headers":{"key":"x-route-key"}}"#,
+        )
+        .unwrap();
+        assert_eq!(config.mode, Mode::Assign);
+        assert_eq!(config.body_limit_bytes, 65536);
+        assert_eq!(config.headers.key, "x-route-key");
+        assert_eq!(config.headers.fp, "x-cohort-fp");
+    }
+
+    #[test]
+    fn invalid_configs_say_why() {
+        let err = |json: &str| {
+            FilterConfig::parse(json.as_bytes())
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err(r#"{"mode":"turbo"}"#).contains("unknown variant"));
+        assert!(err(r#"{"body_limt_bytes":1}"#).contains("unknown field"));
+        assert!(err(r#"{"body_limit_bytes":0}"#).contains("body_limit_bytes must be between"));
+        assert!(err(r#"{"headers":{"key":"X-Key"}}"#).contains("header name for key"));
+        assert!(err(r#"{"api_paths":[]}"#).contains("api_paths"));
+        assert!(err("not json").contains("not valid JSON"));
+    }
+
+    #[test]
+    fn api_paths_match_as_suffixes_without_query() {
+        let config = FilterConfig::default();
+        assert!(config.is_api_path("/v1/chat/completions"));
+        assert!(config.is_api_path("/openai/v1/chat/completions?api-version=2"));
+        assert!(config.is_api_path("/v1/messages/"));
+        assert!(!config.is_api_path("/v1/models"));
+        assert!(!config.is_api_path("/v1/embeddings"));
+    }
+}

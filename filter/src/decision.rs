@@ -1,0 +1,326 @@
+//! What the filter does with one request, as pure functions of the configuration, the
+//! request headers and the body. No proxy-wasm calls here: `http.rs` is the thin glue that
+//! feeds these functions and applies their verdicts, and this module is tested natively.
+//!
+//! 1. [`spoofed_headers`]: on every request, the `x-cohort-*` headers only the filter may
+//!    write (and the tenant header, unless trusted) are removed if a client sent them.
+//! 2. [`inspect_headers`]: an LLM API request (POST to an API path) within the guards gets
+//!    a [`RequestPlan`] and its body is buffered; anything else continues untouched or is
+//!    bypassed with a reason.
+//! 3. [`route_body`]: at the end of the body, the fingerprint becomes routing headers, or
+//!    the request is bypassed with the core's reason.
+
+use crate::config::FilterConfig;
+use cohort_fingerprint::knobs::{ParsedKnobs, RawKnobs};
+use cohort_fingerprint::{fingerprint, Fingerprint, Request, TenantSalt};
+
+/// Why a request passed through untouched (the `x-cohort-bypass` value).
+pub type BypassReason = &'static str;
+
+/// Reasons the filter adds to the core's (`cohort_fingerprint::error::BYPASS_REASONS`).
+pub mod reason {
+    pub const HEADERS_TOO_LARGE: &str = "headers_too_large";
+    pub const BODY_TOO_LARGE: &str = "body_too_large";
+    pub const CONTENT_ENCODED: &str = "content_encoded";
+    pub const NO_BODY: &str = "no_body";
+    pub const INVALID_CONFIG: &str = "invalid_config";
+    pub const INTERNAL: &str = "internal_error";
+}
+
+/// Every bypass reason, for counters defined up front.
+pub fn all_bypass_reasons() -> Vec<BypassReason> {
+    let mut reasons = vec![
+        reason::HEADERS_TOO_LARGE,
+        reason::CONTENT_ENCODED,
+        reason::NO_BODY,
+        reason::INVALID_CONFIG,
+        reason::INTERNAL,
+    ];
+    for core in cohort_fingerprint::error::BYPASS_REASONS {
+        if !reasons.contains(core) {
+            reasons.push(core);
+        }
+    }
+    reasons
+}
+
+/// Names of reserved headers present in `headers` (to remove before anything else).
+pub fn spoofed_headers<'c>(config: &'c FilterConfig, headers: &[(String, String)]) -> Vec<&'c str> {
+    let mut reserved: Vec<&str> = config.headers.reserved().to_vec();
+    if !config.trust_tenant_header {
+        reserved.push(&config.tenant_header);
+    }
+    reserved
+        .into_iter()
+        .filter(|name| headers.iter().any(|(n, _)| n == name))
+        .collect()
+}
+
+/// What to remember between the headers and the end of the body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestPlan {
+    pub path: String,
+    pub knobs: ParsedKnobs,
+    pub original_query: Option<String>,
+    pub app_routing_key: Option<String>,
+    pub tenant: Option<String>,
+    pub session: Option<String>,
+}
+
+/// The verdict on request headers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HeadersVerdict {
+    /// Not an LLM API request: continue untouched.
+    Ignore,
+    /// An LLM API request passed through untouched, for this reason.
+    Bypass(BypassReason),
+    /// Buffer the body, then call [`route_body`].
+    Buffer(Box<RequestPlan>),
+}
+
+fn first<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Decides from the request headers. `peer_principal` is the mTLS identity of the
+/// downstream (the tenant when the tenant header is not trusted).
+pub fn inspect_headers(
+    config: &FilterConfig,
+    headers: &[(String, String)],
+    peer_principal: Option<&str>,
+) -> HeadersVerdict {
+    let path = first(headers, ":path").unwrap_or("");
+    if first(headers, ":method") != Some("POST") || !config.is_api_path(path) {
+        return HeadersVerdict::Ignore;
+    }
+    let header_bytes: usize = headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+    if header_bytes > config.header_limit_bytes {
+        return HeadersVerdict::Bypass(reason::HEADERS_TOO_LARGE);
+    }
+    if let Some(length) = first(headers, "content-length") {
+        match length.trim().parse::<u64>() {
+            Ok(0) => return HeadersVerdict::Bypass(reason::NO_BODY),
+            Ok(n) if n > config.body_limit_bytes as u64 => {
+                return HeadersVerdict::Bypass(reason::BODY_TOO_LARGE)
+            }
+            _ => {}
+        }
+    }
+    if let Some(encoding) = first(headers, "content-encoding") {
+        if !encoding.trim().eq_ignore_ascii_case("identity") {
+            return HeadersVerdict::Bypass(reason::CONTENT_ENCODED);
+        }
+    }
+    let names = &config.headers;
+    let knobs = RawKnobs {
+        prefetch: first(headers, &names.prefetch),
+        batch_threshold: first(headers, &names.batch_threshold),
+        cache_ttl: first(headers, &names.cache_ttl),
+        semantic_mode: first(headers, &names.semantic_mode),
+    }
+    .parse();
+    let tenant = if config.trust_tenant_header {
+        first(headers, &config.tenant_header)
+    } else {
+        peer_principal.filter(|p| !p.is_empty())
+    };
+    HeadersVerdict::Buffer(Box::new(RequestPlan {
+        path: path.to_owned(),
+        knobs,
+        original_query: first(headers, &names.original_query).map(str::to_owned),
+        app_routing_key: first(headers, &names.routing_key).map(str::to_owned),
+        tenant: tenant.map(str::to_owned),
+        session: first(headers, &names.session).map(str::to_owned),
+    }))
+}
+
+/// Headers to write for a fingerprinted request, and the fingerprint itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    pub headers: Vec<(String, String)>,
+    pub cluster: String,
+    pub fingerprint: Fingerprint,
+}
+
+/// Fingerprints the whole body and derives the routing headers.
+pub fn route_body(
+    config: &FilterConfig,
+    plan: &RequestPlan,
+    body: &[u8],
+) -> Result<Routing, BypassReason> {
+    let request = Request {
+        body,
+        path: Some(&plan.path),
+        original_query: plan.original_query.as_deref(),
+        app_routing_key: plan.app_routing_key.as_deref(),
+        salt: TenantSalt::new(config.salt_secret.as_bytes(), plan.tenant.as_deref()),
+        semantic_mode: plan.knobs.knobs.semantic_mode,
+        max_body_bytes: config.body_limit_bytes,
+    };
+    let fp = fingerprint(&request).map_err(|e| e.bypass_reason())?;
+    let names = &config.headers;
+    let cluster = format!("{:08x}", fp.intent.cohort());
+    Ok(Routing {
+        headers: vec![
+            (names.key.clone(), fp.routing_key.to_string()),
+            (names.prefix.clone(), format!("{:016x}", fp.stable_prefix)),
+            (names.fp.clone(), fp.intent.sketch.to_base64url()),
+            (names.cluster.clone(), cluster.clone()),
+        ],
+        cluster,
+        fingerprint: fp,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut all = vec![
+            (":method".to_owned(), "POST".to_owned()),
+            (":path".to_owned(), "/v1/chat/completions".to_owned()),
+        ];
+        all.extend(pairs.iter().map(|(n, v)| (n.to_string(), v.to_string())));
+        all
+    }
+
+    fn plan(verdict: HeadersVerdict) -> RequestPlan {
+        match verdict {
+            HeadersVerdict::Buffer(plan) => *plan,
+            other => panic!("expected Buffer, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_posts_to_api_paths_are_buffered() {
+        let config = FilterConfig::default();
+        let mut get = headers(&[]);
+        get[0].1 = "GET".into();
+        assert_eq!(inspect_headers(&config, &get, None), HeadersVerdict::Ignore);
+        let mut models = headers(&[]);
+        models[1].1 = "/v1/models".into();
+        assert_eq!(
+            inspect_headers(&config, &models, None),
+            HeadersVerdict::Ignore
+        );
+        assert!(matches!(
+            inspect_headers(&config, &headers(&[]), None),
+            HeadersVerdict::Buffer(_)
+        ));
+    }
+
+    #[test]
+    fn guards_bypass_with_reasons() {
+        let config = FilterConfig::default();
+        let big = "x".repeat(9000);
+        let cases = [
+            (vec![("x-big", big.as_str())], reason::HEADERS_TOO_LARGE),
+            (vec![("content-length", "2000000")], reason::BODY_TOO_LARGE),
+            (vec![("content-length", "0")], reason::NO_BODY),
+            (vec![("content-encoding", "gzip")], reason::CONTENT_ENCODED),
+        ];
+        for (extra, expected) in cases {
+            assert_eq!(
+                inspect_headers(&config, &headers(&extra), None),
+                HeadersVerdict::Bypass(expected)
+            );
+        }
+    }
+
+    #[test]
+    fn knobs_and_context_headers_are_read() {
+        let config = FilterConfig::default();
+        let plan = plan(inspect_headers(
+            &config,
+            &headers(&[
+                ("x-cohort-semantic-mode", "topic"),
+                ("x-cohort-batch-threshold", "NaN"),
+                ("x-original-query", "cancel my order"),
+                ("x-cohort-routing-key", "rule-7"),
+                ("x-cohort-session", "s1"),
+            ]),
+            None,
+        ));
+        assert_eq!(plan.knobs.knobs.semantic_mode.as_str(), "topic");
+        assert_eq!(plan.knobs.invalid.len(), 1);
+        assert_eq!(plan.original_query.as_deref(), Some("cancel my order"));
+        assert_eq!(plan.app_routing_key.as_deref(), Some("rule-7"));
+        assert_eq!(plan.session.as_deref(), Some("s1"));
+    }
+
+    #[test]
+    fn tenant_comes_from_the_mesh_unless_the_header_is_trusted() {
+        let spoofing = headers(&[("x-cohort-tenant", "victim")]);
+        let untrusted = FilterConfig::default();
+        assert_eq!(
+            plan(inspect_headers(&untrusted, &spoofing, Some("spiffe://a")))
+                .tenant
+                .as_deref(),
+            Some("spiffe://a")
+        );
+        assert_eq!(spoofed_headers(&untrusted, &spoofing), ["x-cohort-tenant"]);
+        let trusted = FilterConfig {
+            trust_tenant_header: true,
+            ..FilterConfig::default()
+        };
+        assert_eq!(
+            plan(inspect_headers(&trusted, &spoofing, None))
+                .tenant
+                .as_deref(),
+            Some("victim")
+        );
+        assert!(spoofed_headers(&trusted, &spoofing).is_empty());
+    }
+
+    #[test]
+    fn reserved_headers_are_reported_for_removal() {
+        let config = FilterConfig::default();
+        let sent = headers(&[
+            ("x-cohort-key", "ffff"),
+            ("x-cohort-shard", "3"),
+            ("x-other", "1"),
+        ]);
+        assert_eq!(
+            spoofed_headers(&config, &sent),
+            ["x-cohort-key", "x-cohort-shard"]
+        );
+    }
+
+    #[test]
+    fn a_body_becomes_routing_headers_or_a_reason() {
+        let config = FilterConfig::default();
+        let plan = plan(inspect_headers(&config, &headers(&[]), None));
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"refund order 12"}]}"#;
+        let routing = route_body(&config, &plan, body).unwrap();
+        let names: Vec<&str> = routing.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "x-cohort-key",
+                "x-cohort-prefix",
+                "x-cohort-fp",
+                "x-cohort-cluster"
+            ]
+        );
+        assert_eq!(routing.headers[0].1.len(), 16);
+        assert_eq!(routing.headers[2].1.len(), 43);
+        assert_eq!(route_body(&config, &plan, b"{oops"), Err("invalid_json"));
+    }
+
+    #[test]
+    fn tenants_get_different_keys() {
+        let config = FilterConfig::default();
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"refund order 12"}]}"#;
+        let key = |tenant: Option<&str>| {
+            let plan = plan(inspect_headers(&config, &headers(&[]), tenant));
+            route_body(&config, &plan, body).unwrap().headers[0]
+                .1
+                .clone()
+        };
+        assert_ne!(key(Some("spiffe://a")), key(Some("spiffe://b")));
+    }
+}

@@ -1,0 +1,31 @@
+//! # cohort-filter — Cohort's proxy-wasm filter for Envoy
+//!
+//! Fingerprints every LLM API request passing through Envoy and writes the `x-cohort-*`
+//! headers a VirtualService / DestinationRule (or Envoy routes and a ring-hash cluster)
+//! route on. One small file per job, in the style of the proxy-wasm SDK examples:
+//!
+//! - [`config`]: the plugin configuration (JSON), defaults and validation;
+//! - [`decision`]: what to do with a request, as pure functions (tested natively);
+//! - `stats`: the Envoy counters and histograms (`cohort_*`);
+//! - `root`: per-VM setup (configuration, stats);
+//! - `http`: per-request glue between Envoy's callbacks and [`decision`].
+//!
+//! The proxy-wasm glue is compiled for wasm32 only; the pure modules build everywhere.
+
+pub mod config;
+pub mod decision;
+
+#[cfg(target_arch = "wasm32")]
+mod http;
+#[cfg(target_arch = "wasm32")]
+mod root;
+#[cfg(target_arch = "wasm32")]
+mod stats;
+
+#[cfg(target_arch = "wasm32")]
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
+        Box::new(root::CohortRoot::default())
+    });
+}}

@@ -1,0 +1,111 @@
+//! The filter's Envoy stats, defined once per VM by the root context.
+//!
+//! Envoy shows custom metrics as `wasmcustom.<name>` in `/stats` and as `<name>` in
+//! `/stats/prometheus`. Every name starts with `cohort_`:
+//!
+//! | name | type | meaning |
+//! |---|---|---|
+//! | `cohort_requests_total` | counter | LLM API requests (POST to an API path) |
+//! | `cohort_fingerprinted_total` | counter | requests routed on their fingerprint |
+//! | `cohort_bypass_total` | counter | requests passed through untouched |
+//! | `cohort_bypass_<reason>_total` | counter | per reason (see `decision::reason` and the core's) |
+//! | `cohort_invalid_knob_total` | counter | knob headers malformed or out of range |
+//! | `cohort_invalid_knob_<knob>_total` | counter | per knob |
+//! | `cohort_spoofed_header_removed_total` | counter | client-set reserved headers removed |
+//! | `cohort_fingerprint_us` | histogram | time to fingerprint a body, µs |
+//! | `cohort_body_bytes` | histogram | fingerprinted body size, bytes |
+//! | `cohort_assign_ok_total`, `cohort_assign_timeout_total`, `cohort_assign_error_total` | counter | Assign calls to the batcher (0 until the batcher integration) |
+//! | `cohort_observe_sent_total`, `cohort_observe_dropped_total` | counter | observations streamed to the batcher (likewise) |
+
+use cohort_fingerprint::knobs::{InvalidKnob, KnobName};
+use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
+use proxy_wasm::types::{MetricType, Status};
+use std::collections::BTreeMap;
+
+/// Metric ids of one VM.
+pub struct Stats {
+    pub requests: u32,
+    pub fingerprinted: u32,
+    pub bypass: u32,
+    bypass_by_reason: BTreeMap<&'static str, u32>,
+    pub invalid_knob: u32,
+    invalid_knob_by_name: BTreeMap<&'static str, u32>,
+    pub spoofed_header_removed: u32,
+    pub fingerprint_us: u32,
+    pub body_bytes: u32,
+}
+
+/// Counters of the batcher integration (assign mode, observations). Defined now so
+/// dashboards and alerts can reference them from the start; they stay at 0 until the
+/// filter talks to the batcher.
+const BATCHER_COUNTERS: [&str; 5] = [
+    "cohort_assign_ok_total",
+    "cohort_assign_timeout_total",
+    "cohort_assign_error_total",
+    "cohort_observe_sent_total",
+    "cohort_observe_dropped_total",
+];
+
+const KNOBS: [KnobName; 4] = [
+    KnobName::Prefetch,
+    KnobName::BatchThreshold,
+    KnobName::CacheTtl,
+    KnobName::SemanticMode,
+];
+
+impl Stats {
+    /// Defines every metric (Envoy returns the existing id for a name already defined).
+    pub fn define() -> Result<Stats, Status> {
+        let counter = |name: &str| define_metric(MetricType::Counter, name);
+        let histogram = |name: &str| define_metric(MetricType::Histogram, name);
+        let mut bypass_by_reason = BTreeMap::new();
+        for reason in crate::decision::all_bypass_reasons() {
+            bypass_by_reason.insert(reason, counter(&format!("cohort_bypass_{reason}_total"))?);
+        }
+        for name in BATCHER_COUNTERS {
+            counter(name)?;
+        }
+        let mut invalid_knob_by_name = BTreeMap::new();
+        for knob in KNOBS {
+            let name = knob.as_str();
+            invalid_knob_by_name
+                .insert(name, counter(&format!("cohort_invalid_knob_{name}_total"))?);
+        }
+        Ok(Stats {
+            requests: counter("cohort_requests_total")?,
+            fingerprinted: counter("cohort_fingerprinted_total")?,
+            bypass: counter("cohort_bypass_total")?,
+            bypass_by_reason,
+            invalid_knob: counter("cohort_invalid_knob_total")?,
+            invalid_knob_by_name,
+            spoofed_header_removed: counter("cohort_spoofed_header_removed_total")?,
+            fingerprint_us: histogram("cohort_fingerprint_us")?,
+            body_bytes: histogram("cohort_body_bytes")?,
+        })
+    }
+
+    /// Adds one; a failing stats call never affects the request.
+    pub fn inc(&self, id: u32) {
+        let _ = increment_metric(id, 1);
+    }
+
+    pub fn record(&self, id: u32, value: u64) {
+        let _ = record_metric(id, value);
+    }
+
+    pub fn count_bypass(&self, reason: &str) {
+        self.inc(self.bypass);
+        if let Some(id) = self.bypass_by_reason.get(reason) {
+            self.inc(*id);
+        }
+    }
+
+    pub fn count_invalid_knobs(&self, invalid: &[InvalidKnob]) {
+        for knob in invalid {
+            self.inc(self.invalid_knob);
+            if let Some(id) = self.invalid_knob_by_name.get(knob.knob.as_str()) {
+                self.inc(*id);
+            }
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! A minimal HTTP/1.1 client over a raw socket: tests decide every byte they send
+//! (duplicate headers, odd framing) and read status, headers and body back.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// A response: status, headers (names lowercase) and the de-chunked body.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Sends `raw` as is on a new connection and reads one response.
+pub fn send_raw(port: u16, raw: &[u8]) -> std::io::Result<Response> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.write_all(raw)?;
+    read_response(&mut BufReader::new(stream))
+}
+
+/// A request with `content-length` and `connection: close`.
+pub fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Response> {
+    let mut raw = format!("{method} {path} HTTP/1.1\r\nhost: cohort.test\r\nconnection: close\r\n");
+    for (name, value) in headers {
+        raw.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" {
+        raw.push_str(&format!("content-length: {}\r\n", body.len()));
+    }
+    raw.push_str("\r\n");
+    let mut bytes = raw.into_bytes();
+    bytes.extend_from_slice(body);
+    send_raw(port, &bytes)
+}
+
+/// POST of a JSON body.
+pub fn post_json(port: u16, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    request(port, "POST", path, &all, body).expect("request completes")
+}
+
+fn read_response(reader: &mut impl BufRead) -> std::io::Result<Response> {
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line)?;
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line {status_line:?}")))?;
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+        }
+    }
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    let mut body = Vec::new();
+    if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        loop {
+            let mut size_line = String::new();
+            reader.read_line(&mut size_line)?;
+            let size = usize::from_str_radix(size_line.trim().split(';').next().unwrap_or("0"), 16)
+                .map_err(std::io::Error::other)?;
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk)?;
+            if size == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    } else if let Some(length) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        body.resize(length, 0);
+        reader.read_exact(&mut body)?;
+    } else {
+        reader.read_to_end(&mut body)?;
+    }
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}

@@ -1,0 +1,95 @@
+//! The repository's Envoy configs (`istio/envoy/*.yaml`), adapted for a test: free ports,
+//! the built filter's absolute path, a given plugin configuration.
+
+use serde_yaml::Value;
+
+/// Loads `istio/envoy/<name>.yaml`.
+pub fn load(name: &str) -> Value {
+    let path = crate::workspace()
+        .join("istio/envoy")
+        .join(format!("{name}.yaml"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::from_str(&text).unwrap()
+}
+
+/// The built filter: `COHORT_FILTER_WASM`, else `target/wasm/cohort_filter.wasm`.
+pub fn filter_wasm() -> std::path::PathBuf {
+    let path = std::env::var_os("COHORT_FILTER_WASM")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| crate::workspace().join("target/wasm/cohort_filter.wasm"));
+    assert!(
+        path.exists(),
+        "{}: not built; run scripts/build-wasm",
+        path.display()
+    );
+    path
+}
+
+fn socket_address(port: u16) -> Value {
+    serde_yaml::from_str(&format!(
+        "{{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}"
+    ))
+    .unwrap()
+}
+
+/// Points admin and the (first) listener at the given ports.
+pub fn set_ports(config: &mut Value, admin: u16, listener: u16) {
+    config["admin"]["address"] = socket_address(admin)["address"].clone();
+    config["static_resources"]["listeners"][0]["address"] =
+        socket_address(listener)["address"].clone();
+}
+
+/// Replaces the endpoints of cluster `name` with loopback `ports`.
+pub fn set_endpoints(config: &mut Value, name: &str, ports: &[u16]) {
+    let clusters = config["static_resources"]["clusters"]
+        .as_sequence_mut()
+        .unwrap();
+    let cluster = clusters
+        .iter_mut()
+        .find(|c| c["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no cluster {name}"));
+    let endpoints: Vec<Value> = ports
+        .iter()
+        .map(|port| {
+            let mut endpoint = Value::Mapping(Default::default());
+            endpoint["endpoint"] = socket_address(*port);
+            endpoint
+        })
+        .collect();
+    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = Value::Sequence(endpoints);
+}
+
+/// The cohort filter's `config` block (the Wasm filter's PluginConfig).
+fn plugin(config: &mut Value) -> &mut Value {
+    let filters = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["http_filters"]
+        .as_sequence_mut()
+        .unwrap();
+    let cohort = filters
+        .iter_mut()
+        .find(|f| f["name"].as_str() == Some("cohort"))
+        .expect("a cohort filter in the chain");
+    &mut cohort["typed_config"]["config"]
+}
+
+/// Uses the built filter and the given plugin configuration (JSON text).
+pub fn set_filter(config: &mut Value, plugin_json: &str) {
+    let plugin = plugin(config);
+    plugin["vm_config"]["code"]["local"]["filename"] =
+        Value::from(filter_wasm().to_string_lossy().into_owned());
+    plugin["configuration"]["value"] = Value::from(plugin_json);
+}
+
+/// Replaces every string equal to `placeholder` anywhere in the config.
+pub fn replace_string(config: &mut Value, placeholder: &str, value: &str) {
+    match config {
+        Value::String(s) if s == placeholder => *s = value.to_owned(),
+        Value::Sequence(items) => items
+            .iter_mut()
+            .for_each(|v| replace_string(v, placeholder, value)),
+        Value::Mapping(map) => map
+            .iter_mut()
+            .for_each(|(_, v)| replace_string(v, placeholder, value)),
+        _ => {}
+    }
+}

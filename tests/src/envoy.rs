@@ -1,0 +1,121 @@
+//! A real Envoy process for one test.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The Envoy binary: `COHORT_ENVOY`, else `.cohort/bin/envoy` (installed by scripts/setup).
+pub fn binary() -> PathBuf {
+    std::env::var_os("COHORT_ENVOY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::workspace().join(".cohort/bin/envoy"))
+}
+
+/// A running Envoy; stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Envoy {
+    child: Child,
+    pub admin_port: u16,
+    pub listen_port: u16,
+    dir: PathBuf,
+}
+
+impl Envoy {
+    /// Starts Envoy with `config` (YAML) and waits until its admin `/ready` answers 200.
+    pub fn start(config: &serde_yaml::Value, admin_port: u16, listen_port: u16) -> Envoy {
+        let dir =
+            std::env::temp_dir().join(format!("cohort-envoy-{}-{listen_port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config_path = dir.join("envoy.yaml");
+        std::fs::write(&config_path, serde_yaml::to_string(config).unwrap()).unwrap();
+        let log = std::fs::File::create(dir.join("envoy.log")).unwrap();
+        let binary = binary();
+        assert!(
+            binary.exists(),
+            "{}: not found; run scripts/setup",
+            binary.display()
+        );
+        let child = Command::new(&binary)
+            .arg("-c")
+            .arg(&config_path)
+            .args([
+                "--use-dynamic-base-id",
+                "--concurrency",
+                "2",
+                "-l",
+                "warning",
+            ])
+            .current_dir(crate::workspace())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
+        let mut envoy = Envoy {
+            child,
+            admin_port,
+            listen_port,
+            dir,
+        };
+        envoy.wait_ready();
+        envoy
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("envoy exited with {status} before ready:\n{}", self.log());
+            }
+            if let Ok((200, _)) = admin_get(self.admin_port, "/ready") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("envoy not ready after 30 s:\n{}", self.log());
+    }
+
+    /// Envoy's own log (warnings and errors).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default()
+    }
+
+    /// An admin endpoint's body.
+    pub fn admin(&self, path: &str) -> String {
+        admin_get(self.admin_port, path).expect("admin answers").1
+    }
+
+    /// The value of one counter or gauge from `/stats`, 0 when absent.
+    pub fn stat(&self, name: &str) -> u64 {
+        self.admin(&format!("/stats?filter=^{}$", name.replace('.', "\\.")))
+            .lines()
+            .find_map(|line| {
+                let (n, v) = line.split_once(": ")?;
+                (n == name).then(|| v.trim().parse().ok()).flatten()
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                let _ = std::fs::remove_dir_all(&self.dir);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// GET on the admin port: (status, body).
+fn admin_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let response = crate::client::request(port, "GET", path, &[], b"")?;
+    Ok((response.status, response.text()))
+}

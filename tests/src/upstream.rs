@@ -1,0 +1,138 @@
+//! Upstream HTTP servers that record every request they receive (HTTP/1.1 and h2c), so a
+//! test can check what reached the upstream byte for byte and which upstream it was.
+//! Each answers 200 with `{"upstream": NAME, "bytes": BODY_LEN}` and `x-upstream: NAME`.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+/// One request as the upstream received it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    /// Names lowercase, in arrival order, duplicates kept.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A recording upstream on a free loopback port; stops when dropped.
+pub struct Upstream {
+    pub name: String,
+    pub port: u16,
+    received: Arc<Mutex<Vec<Received>>>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Upstream {
+    pub fn start(name: &str) -> Upstream {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let (shutdown, mut stop) = tokio::sync::oneshot::channel::<()>();
+        let (log, upstream_name) = (Arc::clone(&received), name.to_owned());
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                loop {
+                    tokio::select! {
+                        _ = &mut stop => break,
+                        accepted = listener.accept() => {
+                            let Ok((stream, _)) = accepted else { continue };
+                            let _ = stream.set_nodelay(true);
+                            let (log, name) = (Arc::clone(&log), upstream_name.clone());
+                            tokio::spawn(async move {
+                                let service = service_fn(move |request| record(request, Arc::clone(&log), name.clone()));
+                                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                                    .serve_connection(TokioIo::new(stream), service)
+                                    .await;
+                            });
+                        }
+                    }
+                }
+            });
+        });
+        Upstream {
+            name: name.to_owned(),
+            port,
+            received,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        }
+    }
+
+    /// Everything received so far.
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.received.lock().unwrap().len()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn record(
+    request: Request<Incoming>,
+    log: Arc<Mutex<Vec<Received>>>,
+    name: String,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = request.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes().to_vec())
+        .unwrap_or_default();
+    let bytes = body.len();
+    log.lock().unwrap().push(Received {
+        method: parts.method.to_string(),
+        path: parts.uri.to_string(),
+        headers: parts
+            .headers
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body,
+    });
+    let reply = serde_json::json!({"upstream": name, "bytes": bytes}).to_string();
+    Ok(Response::builder()
+        .header("content-type", "application/json")
+        .header("x-upstream", name)
+        .body(Full::new(Bytes::from(reply)))
+        .unwrap())
+}

@@ -1,0 +1,483 @@
+//! The real filter in real Envoy (the pinned wheel), in front of recording upstreams on
+//! loopback: routing on body-derived headers, affinity, bypass of bad input with the
+//! upstream receiving the original bytes, spoofed headers, stats, invalid configuration.
+//!
+//! Needs `scripts/setup` (Envoy) and `scripts/build-wasm` (the filter); `scripts/test`
+//! runs both first.
+
+use cohort_fingerprint::{fingerprint, Request};
+use cohort_tests::client::{post_json, request, send_raw, Response};
+use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
+use cohort_tests::envoy::Envoy;
+use cohort_tests::free_port;
+use cohort_tests::upstream::Upstream;
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+
+const CHAT: &str = "/v1/chat/completions";
+
+/// `istio/envoy/affinity.yaml` over `upstreams` with the given plugin configuration.
+fn affinity(upstreams: &[&Upstream], plugin: &str) -> Envoy {
+    let mut config = config::load("affinity");
+    let (admin, listen) = (free_port(), free_port());
+    set_ports(&mut config, admin, listen);
+    let ports: Vec<u16> = upstreams.iter().map(|u| u.port).collect();
+    set_endpoints(&mut config, "engines", &ports);
+    set_filter(&mut config, plugin);
+    config["stats_flush_interval"] = serde_yaml::Value::from("1s");
+    Envoy::start(&config, admin, listen)
+}
+
+fn upstreams(n: usize) -> Vec<Upstream> {
+    (0..n).map(|i| Upstream::start(&format!("u{i}"))).collect()
+}
+
+fn chat(system: Option<&str>, user: &str) -> Vec<u8> {
+    let mut messages = vec![];
+    if let Some(system) = system {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    messages.push(json!({"role": "user", "content": user}));
+    serde_json::to_vec(&json!({"model": "gemma-3-270m", "messages": messages})).unwrap()
+}
+
+fn upstream_of(response: &Response) -> String {
+    response
+        .header("x-upstream")
+        .expect("answered by an upstream")
+        .to_owned()
+}
+
+const TEMPLATES: [&str; 5] = [
+    "Please refund order {n} for {name}, the receipt is at {url}",
+    "Why was my card payment of ${n} to {name} declined?",
+    "Send invoice {id} to {email} before the {n}th",
+    "How do I reset the password of {email}? I tried {n} times",
+    "Book a table for {n} people at {name} and text me the link {url}",
+];
+const NAMES: [&str; 8] = [
+    "John",
+    "Mary Ann",
+    "Lisbon",
+    "Oleksandr",
+    "Dr Zhou",
+    "Amelie",
+    "Kofi",
+    "Paris",
+];
+
+fn filled(template: &str, i: usize) -> String {
+    template
+        .replace("{n}", &(i * 37 + 3).to_string())
+        .replace("{name}", NAMES[i % NAMES.len()])
+        .replace(
+            "{url}",
+            &format!("https://shop.example.com/r/{i}?x={}", i * 7),
+        )
+        .replace("{id}", &format!("INV-{:04}-X{i}", 2024 + i))
+        .replace("{email}", &format!("user{i}@mail{}.example.org", i % 3))
+}
+
+#[test]
+fn one_cohort_one_replica_and_cohorts_spread_over_replicas() {
+    let ups = upstreams(4);
+    let envoy = affinity(&ups.iter().collect::<Vec<_>>(), "{}");
+
+    // 5 intents x 40 fillings: every request of an intent lands on one replica.
+    let mut replicas_of: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+    for i in 0..40 {
+        for (t, template) in TEMPLATES.iter().enumerate() {
+            let response = post_json(
+                envoy.listen_port,
+                CHAT,
+                &[],
+                &chat(None, &filled(template, i)),
+            );
+            assert_eq!(response.status, 200);
+            assert!(response
+                .header("x-cohort")
+                .unwrap()
+                .contains("mode=affinity; cluster="));
+            replicas_of
+                .entry(t)
+                .or_default()
+                .insert(upstream_of(&response));
+        }
+    }
+    for (t, replicas) in &replicas_of {
+        assert_eq!(replicas.len(), 1, "intent {t} went to {replicas:?}");
+    }
+
+    // 200 applications (system prompts), 1 request each: spread over the 4 replicas.
+    let mut load: BTreeMap<String, usize> = BTreeMap::new();
+    for app in 0..200 {
+        let system = format!("You are assistant number {app} of the Example Corp help desk.");
+        let response = post_json(envoy.listen_port, CHAT, &[], &chat(Some(&system), "hello"));
+        *load.entry(upstream_of(&response)).or_default() += 1;
+    }
+    let max = *load.values().max().unwrap() as f64;
+    let mean = 200.0 / 4.0;
+    println!(
+        "load per replica for 200 cohorts: {load:?}, max/mean {:.2}",
+        max / mean
+    );
+    assert_eq!(load.len(), 4);
+    assert!(max / mean <= 1.5, "max/mean {:.2}", max / mean);
+    assert_eq!(envoy.stat("wasmcustom.cohort_fingerprinted_total"), 400);
+}
+
+#[test]
+fn a_route_on_a_body_derived_header_picks_another_cluster() {
+    let (dedicated, general) = (Upstream::start("dedicated"), Upstream::start("general"));
+    let mut config = config::load("header-routes");
+    let (admin, listen) = (free_port(), free_port());
+    set_ports(&mut config, admin, listen);
+    set_endpoints(&mut config, "dedicated", &[dedicated.port]);
+    set_endpoints(&mut config, "general", &[general.port]);
+    set_filter(&mut config, "{}");
+    let app = chat(
+        Some("You are the billing assistant."),
+        "where is my invoice?",
+    );
+    let prefix = fingerprint(&Request::new(&app)).unwrap().stable_prefix;
+    config::replace_string(
+        &mut config,
+        "REPLACE_WITH_STABLE_PREFIX",
+        &format!("{prefix:016x}"),
+    );
+    let envoy = Envoy::start(&config, admin, listen);
+
+    // The route matches a header that exists only after the filter read the body.
+    for user in [
+        "where is my invoice?",
+        "change my billing address",
+        "refund 42",
+    ] {
+        let body = chat(Some("You are the billing assistant."), user);
+        assert_eq!(
+            upstream_of(&post_json(listen, CHAT, &[], &body)),
+            "dedicated"
+        );
+    }
+    let other = chat(
+        Some("You are the travel assistant."),
+        "where is my invoice?",
+    );
+    assert_eq!(
+        upstream_of(&post_json(listen, CHAT, &[], &other)),
+        "general"
+    );
+    let bypassed = post_json(listen, CHAT, &[], b"{not json");
+    assert_eq!(upstream_of(&bypassed), "general");
+    assert_eq!(
+        general.received().last().unwrap().header("x-cohort-bypass"),
+        Some("invalid_json")
+    );
+    assert_eq!(dedicated.count(), 3);
+    drop(envoy);
+}
+
+/// Sends `body` and checks: the client gets the upstream's 200, the upstream got the exact
+/// bytes, `x-cohort-bypass` names `reason` (None: fingerprinted), the counter moved.
+fn check_passthrough(
+    envoy: &Envoy,
+    upstream: &Upstream,
+    name: &str,
+    response: Response,
+    body: &[u8],
+    reason: Option<&str>,
+) {
+    assert_eq!(response.status, 200, "{name}: {}", response.text());
+    let got = upstream
+        .received()
+        .pop()
+        .unwrap_or_else(|| panic!("{name}: nothing reached the upstream"));
+    assert!(
+        got.body == body,
+        "{name}: upstream received {} bytes, sent {}",
+        got.body.len(),
+        body.len()
+    );
+    assert_eq!(got.header("x-cohort-bypass"), reason, "{name}");
+    if let Some(reason) = reason {
+        assert!(
+            response
+                .header("x-cohort")
+                .unwrap()
+                .ends_with(&format!("bypass={reason}")),
+            "{name}"
+        );
+        assert!(
+            envoy.stat(&format!("wasmcustom.cohort_bypass_{reason}_total")) > 0,
+            "{name}"
+        );
+    } else {
+        assert!(got.header("x-cohort-key").is_some(), "{name}");
+    }
+}
+
+#[test]
+fn bad_inputs_reach_the_upstream_unchanged_with_a_bypass_reason() {
+    let upstream = Upstream::start("u");
+    let envoy = affinity(&[&upstream], "{}");
+    let port = envoy.listen_port;
+    let mut invalid_utf8 = br#"{"model":"m","messages":[{"role":"user","content":"caf"#.to_vec();
+    invalid_utf8.extend_from_slice(&[0xC3, 0x28, 0xFF]);
+    invalid_utf8.extend_from_slice(br#""}]}"#);
+    let deep = format!(
+        r#"{{"model":"m","messages":{}{}}}"#,
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    let cases: Vec<(&str, Vec<u8>, Option<&str>)> = vec![
+        ("invalid utf-8", invalid_utf8, Some("invalid_json")),
+        (
+            "malformed json",
+            b"{\"model\": \"m\", \"messages\": [".to_vec(),
+            Some("invalid_json"),
+        ),
+        (
+            "nested 10,000 deep",
+            deep.into_bytes(),
+            Some("invalid_json"),
+        ),
+        (
+            "empty messages",
+            br#"{"model":"m","messages":[]}"#.to_vec(),
+            Some("empty_prompt"),
+        ),
+        (
+            "not an object",
+            br#"[{"role":"user","content":"hi"}]"#.to_vec(),
+            Some("unknown_shape"),
+        ),
+        (
+            "missing messages",
+            br#"{"model":"m","input_ids":[1,2,3]}"#.to_vec(),
+            Some("malformed_request"),
+        ),
+        (
+            "wrong types",
+            br#"{"model":"m","messages":"hello"}"#.to_vec(),
+            Some("malformed_request"),
+        ),
+        (
+            "raw NUL bytes",
+            b"{\"model\":\"m\",\"prompt\":\"a\0b\"}".to_vec(),
+            Some("invalid_json"),
+        ),
+        ("emoji only", chat(None, "🔥🚀🙏"), None),
+        (
+            "zero-width and bidi",
+            chat(None, "can\u{200B}cel \u{202E}my order\u{FEFF}"),
+            None,
+        ),
+        ("escaped NULs", chat(None, "cancel\u{0}my order"), None),
+    ];
+    for (name, body, reason) in &cases {
+        let response = post_json(port, CHAT, &[], body);
+        check_passthrough(&envoy, &upstream, name, response, body, *reason);
+    }
+
+    // A 10 MB body with Content-Length: bypassed at the headers, never a 413.
+    let big = chat(None, &"lorem ipsum ".repeat(10 * 1024 * 1024 / 12));
+    let response = post_json(port, CHAT, &[], &big);
+    check_passthrough(
+        &envoy,
+        &upstream,
+        "10 MB body",
+        response,
+        &big,
+        Some("body_too_large"),
+    );
+
+    // A 3 MB chunked body (no length up front): the filter stops buffering at its limit.
+    let chunked_body = chat(None, &"dolor sit amet ".repeat(3 * 1024 * 1024 / 15));
+    let mut raw = format!("POST {CHAT} HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n").into_bytes();
+    for chunk in chunked_body.chunks(64 * 1024) {
+        raw.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        raw.extend_from_slice(chunk);
+        raw.extend_from_slice(b"\r\n");
+    }
+    raw.extend_from_slice(b"0\r\n\r\n");
+    let response = send_raw(port, &raw).unwrap();
+    check_passthrough(
+        &envoy,
+        &upstream,
+        "3 MB chunked body",
+        response,
+        &chunked_body,
+        Some("body_too_large"),
+    );
+
+    // Request headers over 8 KiB: bypassed, not rejected.
+    let padding = "p".repeat(9 * 1024);
+    let body = chat(None, "refund my order");
+    let response = post_json(port, CHAT, &[("x-padding", &padding)], &body);
+    check_passthrough(
+        &envoy,
+        &upstream,
+        "headers over 8 KiB",
+        response,
+        &body,
+        Some("headers_too_large"),
+    );
+
+    // A gzip-encoded body is not parsed.
+    let response = post_json(
+        port,
+        CHAT,
+        &[("content-encoding", "gzip")],
+        b"\x1f\x8b\x08\x00binary",
+    );
+    check_passthrough(
+        &envoy,
+        &upstream,
+        "gzip body",
+        response,
+        b"\x1f\x8b\x08\x00binary",
+        Some("content_encoded"),
+    );
+
+    let requests = envoy.stat("wasmcustom.cohort_requests_total");
+    assert_eq!(requests as usize, cases.len() + 4);
+}
+
+#[test]
+fn spoofed_routing_headers_never_take_effect() {
+    let upstream = Upstream::start("u");
+    let envoy = affinity(&[&upstream], "{}");
+    let body = chat(None, "cancel my order 42");
+    let honest = post_json(envoy.listen_port, CHAT, &[], &body);
+    assert_eq!(honest.status, 200);
+    let honest_key = upstream
+        .received()
+        .pop()
+        .unwrap()
+        .header("x-cohort-key")
+        .unwrap()
+        .to_owned();
+
+    let spoofed = [
+        ("x-cohort-key", "ffffffffffffffff"),
+        ("x-cohort-shard", "7"),
+        ("x-cohort-cluster", "deadbeef"),
+        ("x-cohort-tenant", "victim"),
+    ];
+    post_json(envoy.listen_port, CHAT, &spoofed, &body);
+    let got = upstream.received().pop().unwrap();
+    assert_eq!(
+        got.header("x-cohort-key"),
+        Some(honest_key.as_str()),
+        "the key is the body's, salted as before"
+    );
+    assert_eq!(got.header("x-cohort-shard"), None);
+    assert_ne!(got.header("x-cohort-cluster"), Some("deadbeef"));
+    assert_eq!(got.header("x-cohort-tenant"), None);
+
+    // Also on paths the filter does not fingerprint.
+    request(
+        envoy.listen_port,
+        "GET",
+        "/v1/models",
+        &[("x-cohort-key", "ffffffffffffffff")],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(
+        upstream.received().pop().unwrap().header("x-cohort-key"),
+        None
+    );
+    assert!(envoy.stat("wasmcustom.cohort_spoofed_header_removed_total") >= 5);
+}
+
+#[test]
+fn other_requests_pass_untouched() {
+    let upstream = Upstream::start("u");
+    let envoy = affinity(&[&upstream], "{}");
+    let response = request(envoy.listen_port, "GET", "/v1/models", &[], b"").unwrap();
+    assert_eq!(response.status, 200);
+    assert_eq!(response.header("x-cohort"), None);
+    let body = br#"{"input":"embed me"}"#;
+    let response = post_json(envoy.listen_port, "/v1/embeddings", &[], body);
+    assert_eq!(response.header("x-cohort"), None);
+    let got = upstream.received().pop().unwrap();
+    assert_eq!(got.body, body);
+    assert!(got.headers.iter().all(|(n, _)| !n.starts_with("x-cohort")));
+    assert_eq!(envoy.stat("wasmcustom.cohort_requests_total"), 0);
+}
+
+#[test]
+fn stats_show_in_admin_stats_and_prometheus() {
+    let upstream = Upstream::start("u");
+    let envoy = affinity(&[&upstream], "{}");
+    for i in 0..5 {
+        post_json(
+            envoy.listen_port,
+            CHAT,
+            &[("x-cohort-batch-threshold", "NaN")],
+            &chat(None, &format!("refund order {i}")),
+        );
+    }
+    post_json(envoy.listen_port, CHAT, &[], b"{oops");
+    assert_eq!(envoy.stat("wasmcustom.cohort_requests_total"), 6);
+    assert_eq!(envoy.stat("wasmcustom.cohort_fingerprinted_total"), 5);
+    assert_eq!(envoy.stat("wasmcustom.cohort_bypass_total"), 1);
+    assert_eq!(envoy.stat("wasmcustom.cohort_bypass_invalid_json_total"), 1);
+    assert_eq!(
+        envoy.stat("wasmcustom.cohort_invalid_knob_batch_threshold_total"),
+        5
+    );
+
+    // Histograms appear after a stats flush (1 s in the test config).
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let stats = envoy.admin("/stats?filter=cohort");
+    assert!(
+        stats.contains("wasmcustom.cohort_fingerprint_us: P0"),
+        "{stats}"
+    );
+    assert!(
+        stats.contains("wasmcustom.cohort_body_bytes: P0"),
+        "{stats}"
+    );
+    let prometheus = envoy.admin("/stats/prometheus");
+    for name in [
+        "# TYPE cohort_requests_total counter",
+        "cohort_requests_total{} 6",
+        "cohort_bypass_invalid_json_total{} 1",
+        "cohort_fingerprint_us_count{} 5",
+        "cohort_assign_ok_total{} 0",
+    ] {
+        assert!(
+            prometheus.contains(name),
+            "{name} missing from /stats/prometheus"
+        );
+    }
+}
+
+#[test]
+fn an_invalid_configuration_passes_everything_through() {
+    let upstream = Upstream::start("u");
+    let envoy = affinity(&[&upstream], r#"{"mode": "turbo"}"#);
+    let body = chat(None, "refund my order");
+    let response = post_json(
+        envoy.listen_port,
+        CHAT,
+        &[("x-cohort-key", "client-value")],
+        &body,
+    );
+    assert_eq!(response.status, 200);
+    assert_eq!(response.header("x-cohort"), None);
+    let got = upstream.received().pop().unwrap();
+    assert_eq!(got.body, body);
+    assert_eq!(
+        got.header("x-cohort-key"),
+        Some("client-value"),
+        "untouched, as if the filter were absent"
+    );
+    assert!(
+        envoy.log().contains("invalid configuration"),
+        "{}",
+        envoy.log()
+    );
+}
