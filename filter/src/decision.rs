@@ -85,6 +85,12 @@ fn first<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
         .map(|(_, v)| v.as_str())
 }
 
+/// True for a POST to one of the configured API paths (the requests the filter handles).
+pub fn is_api_request(config: &FilterConfig, headers: &[(String, String)]) -> bool {
+    first(headers, ":method") == Some("POST")
+        && config.is_api_path(first(headers, ":path").unwrap_or(""))
+}
+
 /// Decides from the request headers. `peer_principal` is the mTLS identity of the
 /// downstream (the tenant when the tenant header is not trusted).
 pub fn inspect_headers(
@@ -92,10 +98,10 @@ pub fn inspect_headers(
     headers: &[(String, String)],
     peer_principal: Option<&str>,
 ) -> HeadersVerdict {
-    let path = first(headers, ":path").unwrap_or("");
-    if first(headers, ":method") != Some("POST") || !config.is_api_path(path) {
+    if !is_api_request(config, headers) {
         return HeadersVerdict::Ignore;
     }
+    let path = first(headers, ":path").unwrap_or("");
     let header_bytes: usize = headers.iter().map(|(n, v)| n.len() + v.len()).sum();
     if header_bytes > config.header_limit_bytes {
         return HeadersVerdict::Bypass(reason::HEADERS_TOO_LARGE);

@@ -7,6 +7,7 @@
 //! unchanged except for `x-cohort-bypass: <reason>`, and the reason is counted. Response:
 //! `x-cohort: <version>; mode=…; cluster=…` (or `bypass=…`).
 
+use crate::config::FilterConfig;
 use crate::decision::{self, reason, HeadersVerdict, RequestPlan};
 use crate::root::Shared;
 use log::debug;
@@ -50,6 +51,18 @@ impl CohortHttp {
         self.state = State::Bypassed(reason);
     }
 
+    /// With an invalid configuration nothing is touched, but LLM API requests (by the
+    /// default paths) are still counted as `invalid_config` bypasses so the problem shows.
+    fn count_unconfigured_request(&self, shared: &Shared) {
+        let Some(stats) = &shared.stats else { return };
+        let method = self.get_http_request_header(":method");
+        let path = self.get_http_request_header(":path").unwrap_or_default();
+        if method.as_deref() == Some("POST") && FilterConfig::default().is_api_path(&path) {
+            stats.inc(stats.requests);
+            stats.count_bypass(reason::INVALID_CONFIG);
+        }
+    }
+
     fn peer_principal(&self) -> Option<String> {
         let bytes = self.get_property(vec!["source", "principal"])?;
         String::from_utf8(bytes).ok()
@@ -68,6 +81,7 @@ impl HttpContext for CohortHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let shared = Rc::clone(&self.shared);
         let Ok(config) = &shared.config else {
+            self.count_unconfigured_request(&shared);
             return Action::Continue;
         };
         let headers = self.get_http_request_headers();
@@ -77,7 +91,14 @@ impl HttpContext for CohortHttp {
                 stats.inc(stats.spoofed_header_removed);
             }
         }
-        let verdict = decision::inspect_headers(config, &headers, self.peer_principal().as_deref());
+        // The peer principal is a hostcall: ask for it only when it can become the tenant.
+        let principal = if !config.trust_tenant_header && decision::is_api_request(config, &headers)
+        {
+            self.peer_principal()
+        } else {
+            None
+        };
+        let verdict = decision::inspect_headers(config, &headers, principal.as_deref());
         if !matches!(verdict, HeadersVerdict::Ignore) {
             if let Some(stats) = &shared.stats {
                 stats.inc(stats.requests);
@@ -121,7 +142,9 @@ impl HttpContext for CohortHttp {
             return Action::Continue;
         };
         let started = self.get_current_time();
-        match decision::route_body(config, plan, &body) {
+        let routed = decision::route_body(config, plan, &body);
+        let fingerprint_us = self.elapsed_us(started);
+        match routed {
             Ok(routing) => {
                 for (name, value) in &routing.headers {
                     self.set_http_request_header(name, Some(value));
@@ -131,7 +154,7 @@ impl HttpContext for CohortHttp {
                 let _ = hostcalls::call_foreign_function("clear_route_cache", Some(&[]));
                 if let Some(stats) = &shared.stats {
                     stats.inc(stats.fingerprinted);
-                    stats.record(stats.fingerprint_us, self.elapsed_us(started));
+                    stats.record(stats.fingerprint_us, fingerprint_us);
                     stats.record(stats.body_bytes, body_size as u64);
                 }
                 self.state = State::Routed {

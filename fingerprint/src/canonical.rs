@@ -11,7 +11,8 @@
 //! appending a turn only appends bytes:
 //! - a *segment* is `tag: u8, len: u32 little-endian, bytes`;
 //! - the stable prefix is the `MODEL` segment, then `SYSTEM` segments, then one `TOOLS`
-//!   segment (the tool definitions as canonical JSON, keys sorted);
+//!   segment (the tool definitions as canonical JSON: keys sorted, `cache_control` marks
+//!   left out);
 //! - each turn is `TURN, role: u8` followed by its part segments (`TEXT`, `IMAGE`,
 //!   `TOOL_CALL`, `TOOL_RESULT`, `DOCUMENT`, `TOKENS`, `OPAQUE`).
 //!
@@ -19,7 +20,7 @@
 //! had any text (tool results do not count): that is the *intent text* the sketch reads.
 
 use crate::error::FingerprintError;
-use serde_json::Value;
+use crate::json::Value;
 
 /// The API shape a body was parsed as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -155,11 +156,15 @@ impl CanonicalBuilder {
         self.bytes.extend_from_slice(data);
     }
 
+    /// A segment holding `value` as canonical JSON (keys sorted, so key order does not
+    /// matter), without `cache_control` marks: a caching hint is not prompt content.
     fn json_segment(&mut self, tag: u8, value: &Value) {
-        // serde_json's map is a BTreeMap (no `preserve_order`), so keys come out sorted:
-        // the same tools in a different key order give the same bytes.
-        let text = value.to_string();
-        self.segment(tag, text.as_bytes());
+        self.bytes.push(tag);
+        let len_at = self.bytes.len();
+        self.bytes.extend_from_slice(&[0; 4]);
+        value.write_canonical_without(Some("cache_control"), &mut self.bytes);
+        let len = u32::try_from(self.bytes.len() - len_at - 4).unwrap_or(u32::MAX);
+        self.bytes[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
     }
 
     /// System prompt text; only valid before the first turn.
@@ -240,7 +245,7 @@ impl CanonicalBuilder {
         match arguments {
             // OpenAI sends arguments as a JSON string; keep its exact text.
             Value::String(text) => data.extend_from_slice(text.as_bytes()),
-            other => data.extend_from_slice(other.to_string().as_bytes()),
+            other => other.write_canonical(&mut data),
         }
         self.segment(tag::TOOL_CALL, &data);
     }

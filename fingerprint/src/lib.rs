@@ -21,6 +21,7 @@
 pub mod api;
 pub mod canonical;
 pub mod error;
+pub mod json;
 pub mod key;
 pub mod knobs;
 pub mod mask;

@@ -4,17 +4,17 @@
 //! alternate `user`/`assistant`; content is a string or blocks: `text`, `image` (base64
 //! or URL source), `document`, `tool_use`, `tool_result` (its content a string or
 //! blocks), `thinking`; other blocks are kept opaque. `cache_control` marks do not
-//! change the prompt and are left out.
+//! change the prompt and are left out (see `canonical`).
 
 use super::{array_field, builder_for, kind};
 use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
-use serde_json::{Map, Value};
+use crate::json::{Object, Value};
 
 const API: Api = Api::AnthropicMessages;
 
 pub(super) fn parse(
-    object: &Map<String, Value>,
+    object: &Object<'_>,
     size_hint: usize,
 ) -> Result<CanonicalPrompt, FingerprintError> {
     let mut builder = builder_for(object, API, size_hint)?;
@@ -28,7 +28,7 @@ pub(super) fn parse(
         }
     }
     if let Some(tools) = object.get("tools") {
-        builder.tools(&without_cache_control(tools));
+        builder.tools(tools);
     }
 
     let messages = array_field(object, "messages", API)?
@@ -61,7 +61,7 @@ pub(super) fn parse(
     builder.finish()
 }
 
-fn content_block(builder: &mut CanonicalBuilder, block: &Value) {
+fn content_block(builder: &mut CanonicalBuilder, block: &Value<'_>) {
     match block.get("type").and_then(Value::as_str) {
         Some("text") => builder.text(block.get("text").and_then(Value::as_str).unwrap_or("")),
         Some("image") => {
@@ -76,7 +76,7 @@ fn content_block(builder: &mut CanonicalBuilder, block: &Value) {
                 .unwrap_or("");
             builder.image(reference);
         }
-        Some("document") => builder.document(&without_cache_control(block)),
+        Some("document") => builder.document(block),
         Some("tool_use") => {
             let name = block.get("name").and_then(Value::as_str).unwrap_or("");
             builder.tool_call(name, block.get("input").unwrap_or(&Value::Null));
@@ -103,22 +103,6 @@ fn content_block(builder: &mut CanonicalBuilder, block: &Value) {
         Some("thinking") => {
             builder.text_not_intent(block.get("thinking").and_then(Value::as_str).unwrap_or(""))
         }
-        _ => builder.opaque(&without_cache_control(block)),
-    }
-}
-
-/// `cache_control` is a caching hint, not prompt content: drop it (recursively for tool
-/// lists) so adding a cache breakpoint does not change the fingerprint.
-fn without_cache_control(value: &Value) -> Value {
-    match value {
-        Value::Object(fields) => Value::Object(
-            fields
-                .iter()
-                .filter(|(k, _)| k.as_str() != "cache_control")
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        ),
-        Value::Array(items) => Value::Array(items.iter().map(without_cache_control).collect()),
-        other => other.clone(),
+        _ => builder.opaque(block),
     }
 }

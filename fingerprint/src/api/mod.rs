@@ -16,19 +16,19 @@ mod openai_responses;
 
 use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt};
 use crate::error::FingerprintError;
-use serde_json::{Map, Value};
+use crate::json::{Object, Value};
 
 /// Parses a request body into its canonical prompt.
 ///
 /// `path` is the HTTP path (query string allowed) when known; it decides the shape.
 /// Without it the shape is guessed from the body's fields.
 pub fn parse_request(body: &[u8], path: Option<&str>) -> Result<CanonicalPrompt, FingerprintError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| FingerprintError::InvalidJson {
+    let value = crate::json::parse(body).map_err(|e| FingerprintError::InvalidJson {
         message: e.to_string(),
     })?;
     let Value::Object(object) = value else {
         return Err(FingerprintError::UnknownShape {
-            detail: format!("top-level JSON is {}, not an object", kind(&value)),
+            detail: format!("top-level JSON is {}, not an object", value.kind()),
         });
     };
     let api = match path.and_then(api_from_path) {
@@ -63,7 +63,7 @@ pub fn api_from_path(path: &str) -> Option<Api> {
 
 /// Guesses the shape of a body with no path: `messages` is chat unless something only
 /// Anthropic has is present; `prompt` is completions; `input`/`instructions` is responses.
-fn api_from_body(object: &Map<String, Value>) -> Result<Api, FingerprintError> {
+fn api_from_body(object: &Object<'_>) -> Result<Api, FingerprintError> {
     if let Some(messages) = object.get("messages") {
         let anthropic = object.contains_key("system")
             || object.contains_key("anthropic_version")
@@ -101,19 +101,12 @@ fn has_anthropic_block(message: &Value) -> bool {
 }
 
 /// JSON type name for error messages.
-pub(crate) fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
+pub(crate) fn kind(value: &Value<'_>) -> &'static str {
+    value.kind()
 }
 
 /// The `model` field, or empty when absent (some engines serve one model and ignore it).
-pub(crate) fn model_of(object: &Map<String, Value>, api: Api) -> Result<&str, FingerprintError> {
+pub(crate) fn model_of<'o>(object: &'o Object<'_>, api: Api) -> Result<&'o str, FingerprintError> {
     match object.get("model") {
         None | Some(Value::Null) => Ok(""),
         Some(Value::String(model)) => Ok(model),
@@ -125,11 +118,11 @@ pub(crate) fn model_of(object: &Map<String, Value>, api: Api) -> Result<&str, Fi
 }
 
 /// The array under `field`, `None` when absent or null, an error when another type.
-pub(crate) fn array_field<'a>(
-    object: &'a Map<String, Value>,
+pub(crate) fn array_field<'o, 'j>(
+    object: &'o Object<'j>,
     field: &str,
     api: Api,
-) -> Result<Option<&'a [Value]>, FingerprintError> {
+) -> Result<Option<&'o [Value<'j>]>, FingerprintError> {
     match object.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(items)) => Ok(Some(items)),
@@ -142,7 +135,7 @@ pub(crate) fn array_field<'a>(
 
 /// Builder for `api` with the model already written.
 pub(crate) fn builder_for(
-    object: &Map<String, Value>,
+    object: &Object<'_>,
     api: Api,
     size_hint: usize,
 ) -> Result<CanonicalBuilder, FingerprintError> {
@@ -155,9 +148,9 @@ pub(crate) fn builder_for(
 
 /// Text of a value that is a string or an array of `{type: "text", text}` blocks
 /// (Anthropic `system`, tool results); `None` for other shapes.
-pub(crate) fn text_or_text_blocks(value: &Value) -> Option<String> {
+pub(crate) fn text_or_text_blocks(value: &Value<'_>) -> Option<String> {
     match value {
-        Value::String(text) => Some(text.clone()),
+        Value::String(text) => Some(text.to_string()),
         Value::Array(blocks) => {
             let mut out = String::new();
             for block in blocks {
@@ -195,7 +188,7 @@ mod tests {
     #[test]
     fn body_guesses_the_shape() {
         let guess = |body: &str| {
-            let Value::Object(o) = serde_json::from_str(body).unwrap() else {
+            let Value::Object(o) = crate::json::parse(body.as_bytes()).unwrap() else {
                 unreachable!()
             };
             api_from_body(&o)

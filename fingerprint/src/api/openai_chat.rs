@@ -9,12 +9,12 @@
 use super::{array_field, builder_for, kind};
 use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
-use serde_json::{Map, Value};
+use crate::json::{Object, Value};
 
 const API: Api = Api::OpenAiChat;
 
 pub(super) fn parse(
-    object: &Map<String, Value>,
+    object: &Object<'_>,
     size_hint: usize,
 ) -> Result<CanonicalPrompt, FingerprintError> {
     let mut builder = builder_for(object, API, size_hint)?;
@@ -77,7 +77,7 @@ pub(super) fn parse(
 /// Feeds a message's `content` (string, parts array or null) to the builder.
 fn content(
     builder: &mut CanonicalBuilder,
-    content: Option<&Value>,
+    content: Option<&Value<'_>>,
 ) -> Result<(), FingerprintError> {
     match content {
         None | Some(Value::Null) => Ok(()),
@@ -112,7 +112,7 @@ fn content(
 }
 
 /// Text of a system message's content (string or text parts).
-fn content_text(content: Option<&Value>) -> Result<String, FingerprintError> {
+fn content_text(content: Option<&Value<'_>>) -> Result<String, FingerprintError> {
     match content {
         None | Some(Value::Null) => Ok(String::new()),
         Some(value) => super::text_or_text_blocks(value).ok_or_else(|| {

@@ -8,12 +8,12 @@
 use super::{builder_for, kind};
 use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
-use serde_json::{Map, Value};
+use crate::json::{Object, Value};
 
 const API: Api = Api::OpenAiCompletions;
 
 pub(super) fn parse(
-    object: &Map<String, Value>,
+    object: &Object<'_>,
     size_hint: usize,
 ) -> Result<CanonicalPrompt, FingerprintError> {
     let mut builder = builder_for(object, API, size_hint)?;
@@ -61,7 +61,7 @@ fn suffix(builder: &mut CanonicalBuilder, suffix: Option<&Value>) {
     }
 }
 
-fn token_ids(items: &[Value]) -> Result<Vec<u32>, FingerprintError> {
+fn token_ids(items: &[Value<'_>]) -> Result<Vec<u32>, FingerprintError> {
     items
         .iter()
         .map(|v| {
@@ -74,7 +74,7 @@ fn token_ids(items: &[Value]) -> Result<Vec<u32>, FingerprintError> {
         .collect()
 }
 
-fn bad_prompt(value: &Value) -> FingerprintError {
+fn bad_prompt(value: &Value<'_>) -> FingerprintError {
     FingerprintError::malformed(
         API.as_str(),
         format!("prompt is {}, not text or token ids", kind(value)),

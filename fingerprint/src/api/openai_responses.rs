@@ -10,12 +10,12 @@
 use super::{array_field, builder_for, kind};
 use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
-use serde_json::{Map, Value};
+use crate::json::{Object, Value};
 
 const API: Api = Api::OpenAiResponses;
 
 pub(super) fn parse(
-    object: &Map<String, Value>,
+    object: &Object<'_>,
     size_hint: usize,
 ) -> Result<CanonicalPrompt, FingerprintError> {
     let mut builder = builder_for(object, API, size_hint)?;
@@ -92,7 +92,7 @@ pub(super) fn parse(
     builder.finish()
 }
 
-fn is_system_message(item: &Value) -> bool {
+fn is_system_message(item: &Value<'_>) -> bool {
     matches!(
         item.get("type").and_then(Value::as_str),
         None | Some("message")
@@ -102,7 +102,7 @@ fn is_system_message(item: &Value) -> bool {
     )
 }
 
-fn previous_response(builder: &mut CanonicalBuilder, object: &Map<String, Value>) {
+fn previous_response(builder: &mut CanonicalBuilder, object: &Object<'_>) {
     if let Some(Value::String(id)) = object.get("previous_response_id") {
         builder.context(id);
     }
@@ -110,7 +110,7 @@ fn previous_response(builder: &mut CanonicalBuilder, object: &Map<String, Value>
 
 fn content(
     builder: &mut CanonicalBuilder,
-    content: Option<&Value>,
+    content: Option<&Value<'_>>,
 ) -> Result<(), FingerprintError> {
     match content {
         None | Some(Value::Null) => {}
