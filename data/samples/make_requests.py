@@ -8,7 +8,7 @@ Deterministic: the same files give the same output.
 import csv
 import json
 
-apps = [json.loads(line) for line in open("data/prompts/system_prompts.jsonl")]
+apps = [json.loads(line) for line in open("data/prompts/system_prompts.jsonl")][:3]
 rows = list(csv.DictReader(open("data/intent/banking77_test.csv")))
 intents = ["card_arrival", "lost_or_stolen_card", "exchange_rate", "pending_transfer", "refund_not_showing_up", "change_pin"]
 turns = {i: [r["text"] for r in rows if r["category"] == i][:4] for i in intents}

@@ -1,0 +1,50 @@
+//! Real engines: three llama-server replicas behind real Envoy, once with the Cohort filter
+//! (affinity) and once round-robin, on the same requests (`scripts/demo`, which the README
+//! runs as the live demo). The engines' own `cached_tokens` must show that affinity routing
+//! lets them reuse more of the prompt.
+//!
+//! Needs scripts/setup (Envoy, the filter, llama-server and the model).
+
+use std::process::Command;
+
+#[test]
+fn affinity_yields_more_engine_cached_prompt_tokens_than_round_robin() {
+    let workspace = cohort_tests::workspace();
+    let out = std::env::temp_dir().join(format!("cohort-demo-{}.json", std::process::id()));
+    let status = Command::new(workspace.join("scripts/demo"))
+        .args(["--requests", "48", "--json"])
+        .arg(&out)
+        .current_dir(&workspace)
+        .status()
+        .expect("scripts/demo runs");
+    assert!(status.success(), "scripts/demo failed: {status}");
+    let phases: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    std::fs::remove_file(&out).unwrap();
+
+    let total = |phase: &str, field: &str| phases[phase]["all"][field].as_u64().unwrap();
+    for phase in ["cohort affinity", "round-robin"] {
+        assert_eq!(
+            total(phase, "requests"),
+            24,
+            "{phase}: every request answered"
+        );
+        assert!(
+            total(phase, "prompt_tokens") > 24 * 50,
+            "{phase}: engines reported prompt tokens"
+        );
+    }
+    assert_eq!(
+        total("cohort affinity", "prompt_tokens"),
+        total("round-robin", "prompt_tokens")
+    );
+    let (affinity, round_robin) = (
+        total("cohort affinity", "cached_tokens"),
+        total("round-robin", "cached_tokens"),
+    );
+    println!("cached prompt tokens: affinity {affinity}, round-robin {round_robin}");
+    assert!(
+        affinity > round_robin,
+        "affinity {affinity} cached tokens vs round-robin {round_robin}"
+    );
+}
