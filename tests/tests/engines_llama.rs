@@ -7,12 +7,14 @@
 
 use std::process::Command;
 
+const REQUESTS: u64 = 48;
+
 #[test]
 fn affinity_yields_more_engine_cached_prompt_tokens_than_round_robin() {
     let workspace = cohort_tests::workspace();
     let out = std::env::temp_dir().join(format!("cohort-demo-{}.json", std::process::id()));
     let status = Command::new(workspace.join("scripts/demo"))
-        .args(["--requests", "48", "--json"])
+        .args(["--requests", &REQUESTS.to_string(), "--json"])
         .arg(&out)
         .current_dir(&workspace)
         .status()
@@ -26,11 +28,11 @@ fn affinity_yields_more_engine_cached_prompt_tokens_than_round_robin() {
     for phase in ["cohort affinity", "round-robin"] {
         assert_eq!(
             total(phase, "requests"),
-            24,
+            REQUESTS,
             "{phase}: every request answered"
         );
         assert!(
-            total(phase, "prompt_tokens") > 24 * 50,
+            total(phase, "prompt_tokens") > REQUESTS * 50,
             "{phase}: engines reported prompt tokens"
         );
     }
