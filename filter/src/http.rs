@@ -30,6 +30,8 @@ enum State {
 pub struct CohortHttp {
     shared: Rc<Shared>,
     state: State,
+    /// Bytes of request body buffered so far.
+    buffered: usize,
 }
 
 impl CohortHttp {
@@ -37,6 +39,7 @@ impl CohortHttp {
         CohortHttp {
             shared,
             state: State::Untouched,
+            buffered: 0,
         }
     }
 
@@ -60,6 +63,40 @@ impl CohortHttp {
         if method.as_deref() == Some("POST") && FilterConfig::default().is_api_path(&path) {
             stats.inc(stats.requests);
             stats.count_bypass(reason::INVALID_CONFIG);
+        }
+    }
+
+    /// Fingerprints the complete buffered body and writes the routing headers (or bypasses).
+    fn route_buffered_body(&mut self) {
+        let shared = Rc::clone(&self.shared);
+        let (Ok(config), State::Buffering(plan)) = (&shared.config, &self.state) else {
+            return;
+        };
+        let Some(body) = self.get_http_request_body(0, self.buffered) else {
+            self.bypass(reason::NO_BODY);
+            return;
+        };
+        let started = self.get_current_time();
+        let routed = decision::route_body(config, plan, &body);
+        let fingerprint_us = self.elapsed_us(started);
+        match routed {
+            Ok(routing) => {
+                for (name, value) in &routing.headers {
+                    self.set_http_request_header(name, Some(value));
+                }
+                // Envoy picked a route before the body arrived; make it pick again on the
+                // new headers (Envoy 1.40 also does so by itself).
+                let _ = hostcalls::call_foreign_function("clear_route_cache", Some(&[]));
+                if let Some(stats) = &shared.stats {
+                    stats.inc(stats.fingerprinted);
+                    stats.record(stats.fingerprint_us, fingerprint_us);
+                    stats.record(stats.body_bytes, body.len() as u64);
+                }
+                self.state = State::Routed {
+                    cluster: routing.cluster,
+                };
+            }
+            Err(reason) => self.bypass(reason),
         }
     }
 
@@ -125,11 +162,16 @@ impl HttpContext for CohortHttp {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let shared = Rc::clone(&self.shared);
-        let (Ok(config), State::Buffering(plan)) = (&shared.config, &self.state) else {
+        let State::Buffering(_) = &self.state else {
             return Action::Continue;
         };
-        if body_size > config.body_limit_bytes {
+        self.buffered = body_size;
+        let limit = self
+            .shared
+            .config
+            .as_ref()
+            .map_or(0, |c| c.body_limit_bytes);
+        if body_size > limit {
             // Stop buffering before Envoy's own buffer limit could answer 413.
             self.bypass(reason::BODY_TOO_LARGE);
             return Action::Continue;
@@ -137,31 +179,14 @@ impl HttpContext for CohortHttp {
         if !end_of_stream {
             return Action::Pause;
         }
-        let Some(body) = self.get_http_request_body(0, body_size) else {
-            self.bypass(reason::NO_BODY);
-            return Action::Continue;
-        };
-        let started = self.get_current_time();
-        let routed = decision::route_body(config, plan, &body);
-        let fingerprint_us = self.elapsed_us(started);
-        match routed {
-            Ok(routing) => {
-                for (name, value) in &routing.headers {
-                    self.set_http_request_header(name, Some(value));
-                }
-                // Envoy picked a route before the body arrived; make it pick again on the
-                // new headers.
-                let _ = hostcalls::call_foreign_function("clear_route_cache", Some(&[]));
-                if let Some(stats) = &shared.stats {
-                    stats.inc(stats.fingerprinted);
-                    stats.record(stats.fingerprint_us, fingerprint_us);
-                    stats.record(stats.body_bytes, body_size as u64);
-                }
-                self.state = State::Routed {
-                    cluster: routing.cluster,
-                };
-            }
-            Err(reason) => self.bypass(reason),
+        self.route_buffered_body();
+        Action::Continue
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        // A body followed by trailers ends here, not with end_of_stream.
+        if let State::Buffering(_) = &self.state {
+            self.route_buffered_body();
         }
         Action::Continue
     }
