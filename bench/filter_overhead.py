@@ -58,7 +58,7 @@ static_resources:
   listeners:
   - name: l
     address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
-    per_connection_buffer_limit_bytes: 2097152
+    per_connection_buffer_limit_bytes: 8388608
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager

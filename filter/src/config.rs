@@ -127,7 +127,8 @@ impl HeaderNames {
 pub struct FilterConfig {
     pub mode: Mode,
     /// Largest body buffered and fingerprinted; larger bodies are bypassed, never rejected.
-    /// Keep it below the listener's `per_connection_buffer_limit_bytes`.
+    /// Keep it well below the listener's `per_connection_buffer_limit_bytes` (one read can
+    /// add megabytes; the configs use 8 MiB for the default 1 MiB).
     pub body_limit_bytes: usize,
     /// Largest total size of request headers (names + values) acted on.
     pub header_limit_bytes: usize,
