@@ -7,11 +7,16 @@ wrk POSTs the same OpenAI chat body to each front in alternating runs (baseline,
 baseline, ...), same connections, threads and duration; the table reports the medians
 and the ratios. Bodies: 2 KB and 32 KB chat requests (system prompt, tools, turns).
 
-  bench/filter_overhead.py [--duration 10] [--rounds 3] [--connections 16]
+A second table measures the latency the filter adds below saturation: oha at a fixed rate
+(--rate, default 500 requests/s) against each front, alternating, medians of p50 and p99.
 
-Needs scripts/setup (Envoy, wrk, the filter). Prints a markdown table.
+  bench/filter_overhead.py [--duration 10] [--rounds 3] [--connections 16] [--rate 500]
+
+Needs scripts/setup (Envoy, wrk, the filter) and, for the fixed-rate table,
+`cargo install oha`. Prints markdown tables.
 """
 import argparse
+import shutil
 import json
 import os
 import re
@@ -155,11 +160,27 @@ def run_wrk(port, body_file, args):
     return rps, lat["50"], lat["99"], errors
 
 
+def oha_binary():
+    return shutil.which("oha") or next((p for p in [os.path.expanduser("~/.cargo/bin/oha")] if os.path.exists(p)), None)
+
+
+def run_oha(oha, port, body_file, args):
+    """Fixed-rate latency (ms): p50, p99, and the success rate."""
+    out = subprocess.run([oha, "-z", f"{args.duration}s", "-q", str(args.rate), "-c", "8", "--no-tui",
+                          "--output-format", "json", "-m", "POST", "-H", "content-type: application/json",
+                          "-D", body_file, f"http://127.0.0.1:{port}/v1/chat/completions"],
+                         capture_output=True, text=True, check=True).stdout
+    report = json.loads(out)
+    latency = report["latencyPercentiles"]
+    return latency["p50"] * 1e3, latency["p99"] * 1e3, report["summary"]["successRate"]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--rate", type=int, default=500)
     args = parser.parse_args()
     for need in (ENVOY, FILTER):
         if not os.path.exists(need):
@@ -182,7 +203,8 @@ def main():
     try:
         for admin, _ in ports.values():
             wait_ready(admin)
-        rows = []
+        rows, fixed_rate = [], []
+        oha = oha_binary()
         for size in (2048, 32768):
             body = chat_body(size)
             body_file = os.path.join(workdir, f"body-{size}.json")
@@ -195,6 +217,13 @@ def main():
             med = {name: [statistics.median(r[i] for r in runs) for i in range(3)] + [sum(r[3] for r in runs)]
                    for name, runs in results.items()}
             rows.append((len(body), med))
+            if oha:
+                latencies = {"baseline": [], "cohort": []}
+                for _ in range(args.rounds):
+                    for name in ("baseline", "cohort"):
+                        latencies[name].append(run_oha(oha, ports[name][1], body_file, args))
+                fixed_rate.append((len(body), {name: [statistics.median(r[i] for r in runs) for i in range(2)]
+                                               + [min(r[2] for r in runs)] for name, runs in latencies.items()}))
         stats = urllib.request.urlopen(f"http://127.0.0.1:{ports['cohort'][0]}/stats?filter=cohort_(fingerprinted_total|bypass_total|fingerprint_us)").read().decode()
     finally:
         for proc in procs:
@@ -210,6 +239,16 @@ def main():
         b, c = med["baseline"], med["cohort"]
         print(f"| {size:,} B | {b[0]:,.0f} | {c[0]:,.0f} | {c[0] / b[0]:.2f} | {b[1]:.3f} / {b[2]:.3f} | "
               f"{c[1]:.3f} / {c[2]:.3f} | {c[1] - b[1]:+.3f} / {c[2] - b[2]:+.3f} | {b[3] + c[3]} |")
+    if fixed_rate:
+        print(f"\nFixed rate: oha -q {args.rate} -c 8 -z {args.duration}s, {args.rounds} alternating rounds, medians\n")
+        print("| body | baseline p50 / p99 (ms) | cohort p50 / p99 (ms) | added p50 / p99 (ms) | success |")
+        print("|---|---|---|---|---|")
+        for size, med in fixed_rate:
+            b, c = med["baseline"], med["cohort"]
+            print(f"| {size:,} B | {b[0]:.3f} / {b[1]:.3f} | {c[0]:.3f} / {c[1]:.3f} | "
+                  f"{c[0] - b[0]:+.3f} / {c[1] - b[1]:+.3f} | {min(b[2], c[2]):.0%} |")
+    else:
+        print("\n(oha not found: `cargo install oha` for the fixed-rate latency table)")
     print("\ncohort filter stats:\n" + stats)
 
 
