@@ -1,4 +1,4 @@
-"""Builds data/samples/requests.jsonl, the sample job's input (run from the repo root).
+"""Builds data/samples/requests.jsonl, the `cohort fingerprint` sample (run from the repo root).
 
 Three applications (real system prompts from awesome-chatgpt-prompts) receive real user
 turns (Banking77) through the OpenAI chat, Anthropic messages and OpenAI responses shapes;
