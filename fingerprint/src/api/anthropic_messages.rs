@@ -6,7 +6,7 @@
 //! blocks), `thinking`; other blocks are kept opaque. `cache_control` marks do not
 //! change the prompt and are left out (see `canonical`).
 
-use super::{array_field, builder_for, kind};
+use super::{array_field, builder_for};
 use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
 use crate::json::{Object, Value};
@@ -37,7 +37,7 @@ pub(super) fn parse(
         let Some(fields) = message.as_object() else {
             return Err(FingerprintError::malformed(
                 API.as_str(),
-                format!("a message is {}, not an object", kind(message)),
+                format!("a message is {}, not an object", message.kind()),
             ));
         };
         let role = fields.get("role").and_then(Value::as_str).unwrap_or("");
@@ -53,7 +53,7 @@ pub(super) fn parse(
             Some(other) => {
                 return Err(FingerprintError::malformed(
                     API.as_str(),
-                    format!("message content is {}", kind(other)),
+                    format!("message content is {}", other.kind()),
                 ))
             }
         }

@@ -100,11 +100,6 @@ fn has_anthropic_block(message: &Value) -> bool {
     })
 }
 
-/// JSON type name for error messages.
-pub(crate) fn kind(value: &Value<'_>) -> &'static str {
-    value.kind()
-}
-
 /// The `model` field, or empty when absent (some engines serve one model and ignore it).
 pub(crate) fn model_of<'o>(object: &'o Object<'_>, api: Api) -> Result<&'o str, FingerprintError> {
     match object.get("model") {
@@ -112,7 +107,7 @@ pub(crate) fn model_of<'o>(object: &'o Object<'_>, api: Api) -> Result<&'o str, 
         Some(Value::String(model)) => Ok(model),
         Some(other) => Err(FingerprintError::malformed(
             api.as_str(),
-            format!("model is {}, not a string", kind(other)),
+            format!("model is {}, not a string", other.kind()),
         )),
     }
 }
@@ -128,7 +123,7 @@ pub(crate) fn array_field<'o, 'j>(
         Some(Value::Array(items)) => Ok(Some(items)),
         Some(other) => Err(FingerprintError::malformed(
             api.as_str(),
-            format!("{field} is {}, not an array", kind(other)),
+            format!("{field} is {}, not an array", other.kind()),
         )),
     }
 }

@@ -6,7 +6,7 @@
 //! results are part of the conversation. `tools` (and legacy `functions`) join the stable
 //! prefix.
 
-use super::{array_field, builder_for, kind};
+use super::{array_field, builder_for};
 use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
 use crate::json::{Object, Value};
@@ -24,7 +24,7 @@ pub(super) fn parse(
         if !message.is_object() {
             return Err(FingerprintError::malformed(
                 API.as_str(),
-                format!("a message is {}, not an object", kind(message)),
+                format!("a message is {}, not an object", message.kind()),
             ));
         }
     }
@@ -106,7 +106,7 @@ fn content(
         }
         Some(other) => Err(FingerprintError::malformed(
             API.as_str(),
-            format!("message content is {}", kind(other)),
+            format!("message content is {}", other.kind()),
         )),
     }
 }

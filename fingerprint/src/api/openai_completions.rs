@@ -5,7 +5,7 @@
 //! (fill-in-the-middle) is a trailing part. There is no system prompt or tools: the
 //! stable prefix is the model alone.
 
-use super::{builder_for, kind};
+use super::builder_for;
 use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
 use crate::json::{Object, Value};
@@ -77,6 +77,6 @@ fn token_ids(items: &[Value<'_>]) -> Result<Vec<u32>, FingerprintError> {
 fn bad_prompt(value: &Value<'_>) -> FingerprintError {
     FingerprintError::malformed(
         API.as_str(),
-        format!("prompt is {}, not text or token ids", kind(value)),
+        format!("prompt is {}, not text or token ids", value.kind()),
     )
 }

@@ -7,7 +7,7 @@
 //! `input_text`/`output_text`/`input_image`/`input_file` parts), `function_call` and
 //! `function_call_output`; other item types are kept opaque.
 
-use super::{array_field, builder_for, kind};
+use super::{array_field, builder_for};
 use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
 use crate::json::{Object, Value};
@@ -25,7 +25,7 @@ pub(super) fn parse(
         Some(other) => {
             return Err(FingerprintError::malformed(
                 API.as_str(),
-                format!("instructions is {}, not a string", kind(other)),
+                format!("instructions is {}, not a string", other.kind()),
             ))
         }
     }
@@ -59,7 +59,7 @@ pub(super) fn parse(
         if !item.is_object() {
             return Err(FingerprintError::malformed(
                 API.as_str(),
-                format!("an input item is {}, not an object", kind(item)),
+                format!("an input item is {}, not an object", item.kind()),
             ));
         }
         match item.get("type").and_then(Value::as_str) {
@@ -136,7 +136,7 @@ fn content(
         Some(other) => {
             return Err(FingerprintError::malformed(
                 API.as_str(),
-                format!("message content is {}", kind(other)),
+                format!("message content is {}", other.kind()),
             ))
         }
     }
