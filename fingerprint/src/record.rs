@@ -147,7 +147,7 @@ pub fn fingerprint_line(line: &[u8], number: usize, defaults: &LineDefaults) -> 
 }
 
 fn is_body(object: &Map<String, Value>) -> bool {
-    ["messages", "prompt", "input", "instructions"]
+    crate::api::REQUEST_FIELDS
         .iter()
         .any(|field| object.contains_key(*field))
 }

@@ -20,6 +20,14 @@ pub fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The first value of header `name` (lowercase) in a list of (name, value) pairs.
+pub fn header_value<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
 /// A TCP port free on loopback at the time of the call.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

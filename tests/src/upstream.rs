@@ -23,10 +23,7 @@ pub struct Received {
 
 impl Received {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+        crate::header_value(&self.headers, name)
     }
 }
 

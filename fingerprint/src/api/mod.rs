@@ -61,6 +61,9 @@ pub fn api_from_path(path: &str) -> Option<Api> {
     }
 }
 
+/// Top-level fields that make a JSON object an LLM API request body (see [`api_from_body`]).
+pub const REQUEST_FIELDS: [&str; 4] = ["messages", "prompt", "input", "instructions"];
+
 /// Guesses the shape of a body with no path: `messages` is chat unless something only
 /// Anthropic has is present; `prompt` is completions; `input`/`instructions` is responses.
 fn api_from_body(object: &Object<'_>) -> Result<Api, FingerprintError> {
