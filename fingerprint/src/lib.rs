@@ -28,6 +28,7 @@ pub mod mask;
 pub mod normalize;
 pub mod prefix;
 pub mod record;
+pub mod shard;
 pub mod sketch;
 
 pub use canonical::{Api, CanonicalPrompt};

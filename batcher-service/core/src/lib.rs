@@ -1,0 +1,9 @@
+//! The batcher's pure core: everything that decides, nothing that does I/O.
+//!
+//! - [`store`]: the fingerprint store (`Store` trait; sharded CPU store with TTL and LRU).
+//! - [`cohorts`]: online clustering of sketches into cohorts.
+//! - [`policy`]: prefix-aware, load-bounded choice of an engine replica.
+//! - [`replay`]: trace replays that measure the policy against bounds and baselines.
+//!
+//! The gRPC server, the HTTP endpoints and the CLI live in the `cohort-batcher` crate and
+//! stay thin over this one, so every decision here is tested directly with injected time.
