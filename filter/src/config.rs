@@ -13,7 +13,7 @@
 //!   "tenant_header": "x-cohort-tenant",
 //!   "trust_tenant_header": false,
 //!   "salt_secret": "",
-//!   "batcher_cluster": "cohort-batcher",
+//!   "batcher_clusters": [],
 //!   "assign_deadline_ms": 25,
 //!   "observe": true,
 //!   "headers": { "key": "x-cohort-key", "...": "..." }
@@ -143,11 +143,13 @@ pub struct FilterConfig {
     pub trust_tenant_header: bool,
     /// Deployment secret mixed into every tenant salt.
     pub salt_secret: String,
-    /// Envoy cluster of the batcher's gRPC API (assign and batch modes).
-    pub batcher_cluster: String,
+    /// Envoy clusters of the batcher's gRPC API, one per batcher shard (a request's
+    /// routing key picks its shard by jump hashing). Empty (the default): no batcher, so
+    /// affinity mode only and no observations; assign and batch modes require one.
+    pub batcher_clusters: Vec<String>,
     /// Deadline of an Assign call before falling back to affinity.
     pub assign_deadline_ms: u64,
-    /// Whether to stream observations to the batcher.
+    /// Whether to stream observations to the batcher (when `batcher_clusters` is set).
     pub observe: bool,
     pub headers: HeaderNames,
 }
@@ -169,7 +171,7 @@ impl Default for FilterConfig {
             tenant_header: "x-cohort-tenant".into(),
             trust_tenant_header: false,
             salt_secret: String::new(),
-            batcher_cluster: "cohort-batcher".into(),
+            batcher_clusters: Vec::new(),
             assign_deadline_ms: 25,
             observe: true,
             headers: HeaderNames::default(),
@@ -193,6 +195,10 @@ pub enum ConfigError {
     HeaderName { field: &'static str, value: String },
     #[error("api_paths must be non-empty and each start with '/', got {0:?}")]
     ApiPaths(Vec<String>),
+    #[error("batcher_clusters entries must be non-empty and distinct, got {0:?}")]
+    BatcherClusters(Vec<String>),
+    #[error("mode {0} needs at least one entry in batcher_clusters")]
+    NoBatcher(&'static str),
 }
 
 impl FilterConfig {
@@ -223,6 +229,13 @@ impl FilterConfig {
         range("assign_deadline_ms", self.assign_deadline_ms, 1, 10_000)?;
         if self.api_paths.is_empty() || self.api_paths.iter().any(|p| !p.starts_with('/')) {
             return Err(ConfigError::ApiPaths(self.api_paths.clone()));
+        }
+        let clusters = &self.batcher_clusters;
+        if clusters.iter().enumerate().any(|(i, c)| c.is_empty() || clusters[..i].contains(c)) {
+            return Err(ConfigError::BatcherClusters(clusters.clone()));
+        }
+        if self.mode != Mode::Affinity && clusters.is_empty() {
+            return Err(ConfigError::NoBatcher(self.mode.as_str()));
         }
         let mut names = self.headers.all().to_vec();
         names.push(("tenant_header", &self.tenant_header));
@@ -281,7 +294,7 @@ mod tests {
     #[test]
     fn fields_override_defaults() {
         let config = FilterConfig::parse(
-            br#"{"mode":"assign","body_limit_bytes":65536,"headers":{"key":"x-route-key"}}"#,
+            br#"{"mode":"assign","batcher_clusters":["b0"],"body_limit_bytes":65536,"headers":{"key":"x-route-key"}}"#,
         )
         .unwrap();
         assert_eq!(config.mode, Mode::Assign);
@@ -303,6 +316,8 @@ mod tests {
         assert!(err(r#"{"headers":{"key":"X-Key"}}"#).contains("header name for key"));
         assert!(err(r#"{"api_paths":[]}"#).contains("api_paths"));
         assert!(err("not json").contains("not valid JSON"));
+        assert!(err(r#"{"batcher_clusters":["a","a"]}"#).contains("distinct"));
+        assert!(err(r#"{"mode":"assign","batcher_clusters":[]}"#).contains("needs at least one"));
     }
 
     #[test]

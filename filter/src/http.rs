@@ -6,23 +6,51 @@
 //! failure (guards, parse errors, a body over the limit) is a bypass: the request goes on
 //! unchanged except for `x-cohort-bypass: <reason>`, and the reason is counted. Response:
 //! `x-cohort: <version>; mode=…; cluster=…` (or `bypass=…`).
+//!
+//! Assign mode: after the headers are written (so the request is already routable by key),
+//! the request waits for a unary `Assign` call to its batcher shard, at most the configured
+//! deadline. An answer adds `x-cohort-shard` / `x-cohort-cluster` and the request is routed
+//! again; a timeout, an error or an unusable reply leaves it routed by key (affinity), counted.
+//! Either way the request's observation is queued for the root context to stream.
 
-use crate::config::FilterConfig;
-use crate::decision::{self, reason, HeadersVerdict, RequestPlan};
-use crate::root::Shared;
+use crate::batcher;
+use crate::config::{FilterConfig, Mode};
+use crate::decision::{self, reason, HeadersVerdict, RequestPlan, Routing};
+use crate::root::{unix_ms, Shared};
+use cohort_proto as pb;
 use log::debug;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
+use proxy_wasm::types::{Action, BufferType};
 use std::rc::Rc;
+use std::time::{Duration, SystemTime};
+
+/// gRPC status DEADLINE_EXCEEDED, which Envoy reports when the Assign deadline passes.
+const GRPC_DEADLINE_EXCEEDED: u32 = 4;
+
+/// A request waiting for the batcher's answer.
+struct Assigning {
+    token: u32,
+    plan: Box<RequestPlan>,
+    routing: Routing,
+    shard_index: usize,
+    started: SystemTime,
+}
 
 enum State {
     /// Not an LLM API request, or nothing to say on the response.
     Untouched,
     /// Waiting for the end of the body.
     Buffering(Box<RequestPlan>),
-    /// Routed on the fingerprint; `cluster` goes into the response header.
-    Routed { cluster: String },
+    /// Waiting for the batcher's `Assign` answer.
+    Assigning(Box<Assigning>),
+    /// Routed on the fingerprint; `cluster` goes into the response header, `shard` when the
+    /// batcher assigned one, `fallback` when assign mode fell back to the key.
+    Routed {
+        cluster: String,
+        shard: Option<String>,
+        fallback: Option<&'static str>,
+    },
     /// Passed through untouched for this reason.
     Bypassed(&'static str),
 }
@@ -66,37 +94,114 @@ impl CohortHttp {
         }
     }
 
-    /// Fingerprints the complete buffered body and writes the routing headers (or bypasses).
-    fn route_buffered_body(&mut self) {
+    /// Fingerprints the complete buffered body and writes the routing headers (or bypasses);
+    /// in assign mode, asks the batcher and tells the caller to keep the request paused.
+    fn route_buffered_body(&mut self) -> Action {
         let shared = Rc::clone(&self.shared);
-        let (Ok(config), State::Buffering(plan)) = (&shared.config, &self.state) else {
-            return;
+        let (Ok(config), State::Buffering(_)) = (&shared.config, &self.state) else {
+            return Action::Continue;
+        };
+        let State::Buffering(plan) = std::mem::replace(&mut self.state, State::Untouched) else {
+            return Action::Continue;
         };
         let Some(body) = self.get_http_request_body(0, self.buffered) else {
             self.bypass(reason::NO_BODY);
-            return;
+            return Action::Continue;
         };
         let started = self.get_current_time();
-        let routed = decision::route_body(config, plan, &body);
+        let routed = decision::route_body(config, &plan, &body);
         let fingerprint_us = self.elapsed_us(started);
-        match routed {
-            Ok(routing) => {
-                for (name, value) in &routing.headers {
-                    self.set_http_request_header(name, Some(value));
-                }
-                // Envoy picked a route before the body arrived; make it pick again on the
-                // new headers (Envoy 1.40 also does so by itself).
-                let _ = hostcalls::call_foreign_function("clear_route_cache", Some(&[]));
-                if let Some(stats) = &shared.stats {
-                    stats.inc(stats.fingerprinted);
-                    stats.record(stats.fingerprint_us, fingerprint_us);
-                    stats.record(stats.body_bytes, body.len() as u64);
-                }
-                self.state = State::Routed {
-                    cluster: routing.cluster,
-                };
+        let routing = match routed {
+            Ok(routing) => routing,
+            Err(reason) => {
+                self.bypass(reason);
+                return Action::Continue;
             }
-            Err(reason) => self.bypass(reason),
+        };
+        self.write_headers(&routing.headers);
+        if let Some(stats) = &shared.stats {
+            stats.inc(stats.fingerprinted);
+            stats.record(stats.fingerprint_us, fingerprint_us);
+            stats.record(stats.body_bytes, body.len() as u64);
+        }
+        let shard_index = batcher::shard_index(config, &routing.fingerprint);
+        if let (Mode::Assign | Mode::Batch, Some(index)) = (config.mode, shard_index) {
+            let now = self.get_current_time();
+            let request = batcher::assign_request(&plan, &routing.fingerprint, unix_ms(now));
+            let message = prost::Message::encode_to_vec(&request);
+            match hostcalls::dispatch_grpc_call(
+                &config.batcher_clusters[index],
+                pb::SERVICE,
+                pb::METHOD_ASSIGN,
+                Vec::new(),
+                Some(&message),
+                Duration::from_millis(config.assign_deadline_ms),
+            ) {
+                Ok(token) => {
+                    self.state = State::Assigning(Box::new(Assigning {
+                        token,
+                        plan,
+                        routing,
+                        shard_index: index,
+                        started: now,
+                    }));
+                    return Action::Pause;
+                }
+                Err(status) => {
+                    debug!("cohort: Assign not dispatched: {status:?}");
+                    if let Some(stats) = &shared.stats {
+                        stats.inc(stats.assign_error);
+                    }
+                    self.observe(&plan, &routing, shard_index, None);
+                    self.state = State::Routed {
+                        cluster: routing.cluster,
+                        shard: None,
+                        fallback: Some("error"),
+                    };
+                    return Action::Continue;
+                }
+            }
+        }
+        self.observe(&plan, &routing, shard_index, None);
+        self.state = State::Routed {
+            cluster: routing.cluster,
+            shard: None,
+            fallback: None,
+        };
+        Action::Continue
+    }
+
+    /// Sets request headers and makes Envoy pick the route again on them (Envoy 1.40
+    /// also does so by itself after a header change during a paused filter).
+    fn write_headers(&self, headers: &[(String, String)]) {
+        for (name, value) in headers {
+            self.set_http_request_header(name, Some(value));
+        }
+        let _ = hostcalls::call_foreign_function("clear_route_cache", Some(&[]));
+    }
+
+    /// Queues the request's observation for the root context, if observations are on.
+    fn observe(
+        &self,
+        plan: &RequestPlan,
+        routing: &Routing,
+        shard_index: Option<usize>,
+        shard: Option<&str>,
+    ) {
+        let (Ok(config), Some(index)) = (&self.shared.config, shard_index) else {
+            return;
+        };
+        if !config.observe {
+            return;
+        }
+        let now = unix_ms(self.get_current_time());
+        let observation =
+            batcher::observation(plan, &routing.fingerprint, config.mode, shard, now);
+        let queued = self.shared.outbox.borrow_mut().push(index, observation);
+        if !queued {
+            if let Some(stats) = &self.shared.stats {
+                stats.inc(stats.observe_dropped);
+            }
         }
     }
 
@@ -112,7 +217,79 @@ impl CohortHttp {
     }
 }
 
-impl Context for CohortHttp {}
+impl Context for CohortHttp {
+    fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, response_size: usize) {
+        let State::Assigning(pending) = std::mem::replace(&mut self.state, State::Untouched)
+        else {
+            return;
+        };
+        if pending.token != token_id {
+            self.state = State::Assigning(pending);
+            return;
+        }
+        let Assigning {
+            plan,
+            routing,
+            shard_index,
+            started,
+            ..
+        } = *pending;
+        let shared = Rc::clone(&self.shared);
+        let stats = shared.stats.as_ref();
+        if let Some(stats) = stats {
+            stats.record(stats.assign_us, self.elapsed_us(started));
+        }
+        let reply = if status_code == 0 {
+            let bytes = hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, response_size)
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            batcher::read_assign_reply(&bytes).map_err(|e| {
+                debug!("cohort: {e}");
+                "error"
+            })
+        } else if status_code == GRPC_DEADLINE_EXCEEDED {
+            Err("timeout")
+        } else {
+            debug!("cohort: Assign failed with grpc status {status_code}");
+            Err("error")
+        };
+        let mut cluster = routing.cluster.clone();
+        let (shard, fallback) = match (reply, shared.config.as_ref()) {
+            (Ok(assignment), Ok(config)) => {
+                let mut headers = vec![(config.headers.shard.clone(), assignment.shard.clone())];
+                if !assignment.cluster.is_empty() {
+                    cluster = assignment.cluster.clone();
+                    headers.push((config.headers.cluster.clone(), assignment.cluster));
+                }
+                self.write_headers(&headers);
+                if let Some(stats) = stats {
+                    stats.inc(stats.assign_ok);
+                }
+                (Some(assignment.shard), None)
+            }
+            (reply, _) => {
+                let fallback = reply.err().unwrap_or("error");
+                if let Some(stats) = stats {
+                    let id = if fallback == "timeout" {
+                        stats.assign_timeout
+                    } else {
+                        stats.assign_error
+                    };
+                    stats.inc(id);
+                }
+                (None, Some(fallback))
+            }
+        };
+        self.observe(&plan, &routing, Some(shard_index), shard.as_deref());
+        self.state = State::Routed {
+            cluster,
+            shard,
+            fallback,
+        };
+        let _ = hostcalls::resume_http_request();
+    }
+}
 
 impl HttpContext for CohortHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
@@ -179,14 +356,13 @@ impl HttpContext for CohortHttp {
         if !end_of_stream {
             return Action::Pause;
         }
-        self.route_buffered_body();
-        Action::Continue
+        self.route_buffered_body()
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
         // A body followed by trailers ends here, not with end_of_stream.
         if let State::Buffering(_) = &self.state {
-            self.route_buffered_body();
+            return self.route_buffered_body();
         }
         Action::Continue
     }
@@ -196,15 +372,23 @@ impl HttpContext for CohortHttp {
             return Action::Continue;
         };
         let detail = match &self.state {
-            State::Routed { cluster } => format!("cluster={cluster}"),
-            State::Bypassed(reason) => format!("bypass={reason}"),
-            State::Untouched | State::Buffering(_) => return Action::Continue,
+            State::Routed {
+                cluster,
+                shard: Some(shard),
+                ..
+            } => format!("mode={}; cluster={cluster}; shard={shard}", config.mode.as_str()),
+            State::Routed {
+                cluster,
+                fallback: Some(why),
+                ..
+            } => format!("mode=affinity; cluster={cluster}; fallback={why}"),
+            State::Routed { cluster, .. } => format!("mode=affinity; cluster={cluster}"),
+            State::Bypassed(reason) => format!("mode={}; bypass={reason}", config.mode.as_str()),
+            State::Untouched | State::Buffering(_) | State::Assigning(_) => {
+                return Action::Continue
+            }
         };
-        let value = format!(
-            "{}; mode={}; {detail}",
-            env!("CARGO_PKG_VERSION"),
-            crate::config::Mode::Affinity.as_str()
-        );
+        let value = format!("{}; {detail}", env!("CARGO_PKG_VERSION"));
         let name = config.headers.response.clone();
         self.add_http_response_header(&name, &value);
         Action::Continue

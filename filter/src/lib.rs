@@ -6,12 +6,14 @@
 //!
 //! - [`config`]: the plugin configuration (JSON), defaults and validation;
 //! - [`decision`]: what to do with a request, as pure functions (tested natively);
+//! - [`batcher`]: the `cohort.v1` messages, shard choice and observation outbox (pure);
 //! - `stats`: the Envoy counters and histograms (`cohort_*`);
-//! - `root`: per-VM setup (configuration, stats);
-//! - `http`: per-request glue between Envoy's callbacks and [`decision`].
+//! - `root`: per-VM setup (configuration, stats) and the `Observe` streams;
+//! - `http`: per-request glue between Envoy's callbacks and [`decision`], and `Assign`.
 //!
 //! The proxy-wasm glue is compiled for wasm32 only; the pure modules build everywhere.
 
+pub mod batcher;
 pub mod config;
 pub mod decision;
 

@@ -14,8 +14,12 @@
 //! | `cohort_spoofed_header_removed_total` | counter | client-set reserved headers removed |
 //! | `cohort_fingerprint_us` | histogram | time to fingerprint a body, µs |
 //! | `cohort_body_bytes` | histogram | fingerprinted body size, bytes |
-//! | `cohort_assign_ok_total`, `cohort_assign_timeout_total`, `cohort_assign_error_total` | counter | Assign calls to the batcher (0 until the batcher integration) |
-//! | `cohort_observe_sent_total`, `cohort_observe_dropped_total` | counter | observations streamed to the batcher (likewise) |
+//! | `cohort_assign_ok_total` | counter | Assign calls answered: the request went where the batcher said |
+//! | `cohort_assign_timeout_total` | counter | Assign calls past the deadline (routed by key instead) |
+//! | `cohort_assign_error_total` | counter | Assign calls that failed otherwise, or an unusable reply (routed by key) |
+//! | `cohort_assign_us` | histogram | Assign round trip, µs |
+//! | `cohort_observe_sent_total` | counter | observations sent on an `Observe` stream |
+//! | `cohort_observe_dropped_total` | counter | observations dropped (queue full while the batcher was away, or a failed send) |
 
 use cohort_fingerprint::knobs::{InvalidKnob, KnobName};
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
@@ -33,18 +37,13 @@ pub struct Stats {
     pub spoofed_header_removed: u32,
     pub fingerprint_us: u32,
     pub body_bytes: u32,
+    pub assign_ok: u32,
+    pub assign_timeout: u32,
+    pub assign_error: u32,
+    pub assign_us: u32,
+    pub observe_sent: u32,
+    pub observe_dropped: u32,
 }
-
-/// Counters of the batcher integration (assign mode, observations). Defined now so
-/// dashboards and alerts can reference them from the start; they stay at 0 until the
-/// filter talks to the batcher.
-const BATCHER_COUNTERS: [&str; 5] = [
-    "cohort_assign_ok_total",
-    "cohort_assign_timeout_total",
-    "cohort_assign_error_total",
-    "cohort_observe_sent_total",
-    "cohort_observe_dropped_total",
-];
 
 const KNOBS: [KnobName; 4] = [
     KnobName::Prefetch,
@@ -62,9 +61,6 @@ impl Stats {
         for reason in crate::decision::all_bypass_reasons() {
             bypass_by_reason.insert(reason, counter(&format!("cohort_bypass_{reason}_total"))?);
         }
-        for name in BATCHER_COUNTERS {
-            counter(name)?;
-        }
         let mut invalid_knob_by_name = BTreeMap::new();
         for knob in KNOBS {
             let name = knob.as_str();
@@ -81,12 +77,24 @@ impl Stats {
             spoofed_header_removed: counter("cohort_spoofed_header_removed_total")?,
             fingerprint_us: histogram("cohort_fingerprint_us")?,
             body_bytes: histogram("cohort_body_bytes")?,
+            assign_ok: counter("cohort_assign_ok_total")?,
+            assign_timeout: counter("cohort_assign_timeout_total")?,
+            assign_error: counter("cohort_assign_error_total")?,
+            assign_us: histogram("cohort_assign_us")?,
+            observe_sent: counter("cohort_observe_sent_total")?,
+            observe_dropped: counter("cohort_observe_dropped_total")?,
         })
     }
 
     /// Adds one; a failing stats call never affects the request.
     pub fn inc(&self, id: u32) {
-        let _ = increment_metric(id, 1);
+        self.add(id, 1);
+    }
+
+    pub fn add(&self, id: u32, n: u64) {
+        if n > 0 {
+            let _ = increment_metric(id, n as i64);
+        }
     }
 
     pub fn record(&self, id: u32, value: u64) {

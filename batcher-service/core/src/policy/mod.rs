@@ -1,0 +1,463 @@
+//! Replica choice: prefix-aware, cohort-aware, load-bounded.
+//!
+//! In assign mode the filter asks the batcher which engine replica should serve a request
+//! and the answer must come back within the filter's deadline (25 ms), so the decision is
+//! a few hash look-ups per replica, with no I/O and with time injected by the caller.
+//!
+//! # What the policy knows
+//!
+//! - **Prefix state** ([`prefix_state`]): per replica, a bounded LRU set of the chained block
+//!   hashes it was sent recently: the batcher's approximation of that engine's KV cache.
+//!   Because block hashes are chained, the request's longest cached prefix on a replica is
+//!   the run of its leading hashes found there (`matched_r` blocks).
+//! - **Load** ([`load`]): per replica, the work the policy assigned it, decaying with a
+//!   half-life, optionally raised by engine-reported in-flight + queued counts.
+//! - **Cohort owners**: per cohort id (the online clustering's intent cohort), the replica
+//!   that serves it and, once it has spilled, a second one. Bounded LRU of cohorts.
+//!
+//! # The rule, for one request of `n` blocks and cost `c` (prompt tokens or bytes)
+//!
+//! 1. For each replica `r`: `matched_r`, the estimated work if placed there,
+//!    `w_r = c · (n − matched_r) / n + per_request_work` (only the uncached part of the
+//!    prompt is prefilled; `per_request_work` stands for the decode work every request
+//!    costs), the current load `L_r`, and the projected load `P_r = L_r + w_r`.
+//! 2. **Balance rule.** With `mean = (Σ L + min_r w_r) / replicas` (the mean load after
+//!    this request, placed as cheaply as possible), replica `r` is *eligible* iff
+//!    `P_r ≤ balance · mean + balance_slack`. `balance` is the one knob that trades hits
+//!    for balance (∞ = prefix only, 1.0 = strict least-projected-load).
+//! 3. Among eligible replicas pick the greatest `(matched_r, cohort rank, −P_r)`:
+//!    the longest prefix wins; among equal prefixes the cohort's primary then secondary
+//!    owner; then the least projected load. Exact ties go to the first replica in ring
+//!    order starting at `(hash(first block) + decision count) mod replicas`.
+//! 4. If no replica is eligible (a single request larger than the slack), take the least
+//!    projected load `P_r`: a cost-aware least-loaded choice that still counts the cached
+//!    prefix as free work.
+//! 5. Record the request's blocks into the chosen replica's prefix state and `w_r` into
+//!    its load; update the cohort owners (a spill makes the new replica the secondary).
+//!
+//! # Why, against SGLang's `cache_aware` router
+//!
+//! - SGLang switches *globally* between "best match" and "shortest queue" when the
+//!   fleet looks imbalanced, so under imbalance it forgets the cache for every request.
+//!   Here the guard is per replica and per request: a request only leaves its prefix
+//!   holder when that holder would exceed the bound, and the requests that move are the
+//!   ones that lose least: a new conversation matches only the shared trunk, which every
+//!   replica holds, so it costs nothing to send it to the valley. That is what keeps the
+//!   hit ratio at a tight bound. A hot prefix held by one replica spills: the spill target
+//!   receives the prefix and from then on it is matched on two replicas, the load-aware
+//!   tie-break sharing it between them.
+//! - Ties there go to the first worker in the list; here they rotate (rule 3), so
+//!   replica 0 is not preferred at start-up or on a cold prefix.
+//! - Its radix tree grows between periodic eviction passes; here each replica's state is
+//!   capped on every insert (`blocks_per_replica`), evicting least recently used blocks,
+//!   leaves before trunks.
+//! - Routing keys built from the first message alone send every conversation of one
+//!   application to one worker; here the whole chain of block hashes is matched, so
+//!   conversations that share a system prompt still separate at their first own block.
+//! - Load is measured in work (uncached prompt + decode estimate), not request count, so
+//!   a 100k-token prompt and a 100-token prompt do not weigh the same.
+//!
+//! # Load without completions
+//!
+//! The batcher never sees a request finish in assign mode; its load signal is the work it
+//! assigned, decaying with `load_half_life_ms` (see [`load`]). An engine-reported count of
+//! requests in flight + queued ([`Policy::report_engine_load`]) raises a replica's load to
+//! `count × mean work per request` while fresh (`report_ttl_ms`).
+//!
+//! No input panics: zero replicas is treated as one, out-of-range replica ids in reports
+//! are ignored, non-finite or sub-1 `balance` values are clamped.
+
+pub mod load;
+pub mod prefix_state;
+
+use std::num::NonZeroUsize;
+
+use lru::LruCache;
+
+use self::load::DecayingLoad;
+use self::prefix_state::PrefixState;
+
+/// Settings of a [`Policy`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyConfig {
+    /// Engine replicas (0 is treated as 1).
+    pub replicas: usize,
+    /// Cap of each replica's approximate prefix state, in blocks (about its KV cache size
+    /// in blocks; with `S` batcher shards, each shard's share: `blocks / S`).
+    pub blocks_per_replica: usize,
+    /// Balance bound: a replica is eligible while its projected load stays within
+    /// `balance × mean + balance_slack`. `f64::INFINITY` disables the guard; values below
+    /// 1 (and NaN) are treated as 1.
+    pub balance: f64,
+    /// Absolute slack of the bound, in work units (tokens or bytes, like `cost`).
+    pub balance_slack: f64,
+    /// Half-life of the assigned-work load estimate.
+    pub load_half_life_ms: u64,
+    /// Work every request costs beyond its uncached prompt (decode), in `cost` units.
+    pub per_request_work: f64,
+    /// How long an engine load report stays in force.
+    pub report_ttl_ms: u64,
+    /// Cohorts whose owners are remembered (LRU beyond that).
+    pub max_cohorts: usize,
+}
+
+impl PolicyConfig {
+    /// Defaults for `replicas` replicas holding `blocks_per_replica` blocks each.
+    pub fn new(replicas: usize, blocks_per_replica: usize) -> Self {
+        Self {
+            replicas,
+            blocks_per_replica,
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            blocks_per_replica: 65_536,
+            balance: 1.2,
+            balance_slack: 0.0,
+            load_half_life_ms: 30_000,
+            per_request_work: 256.0,
+            report_ttl_ms: 5_000,
+            max_cohorts: 4_096,
+        }
+    }
+}
+
+/// What the policy needs to know about a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteRequest<'a> {
+    /// Chained prefix block hashes, first block first.
+    pub blocks: &'a [u64],
+    /// Intent cohort, when the clustering assigned one.
+    pub cohort: Option<u32>,
+    /// Prompt size (tokens or bytes; the same unit as `per_request_work`).
+    pub cost: u32,
+    /// Injected time.
+    pub now_ms: u64,
+}
+
+/// Why a replica was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChoiceReason {
+    /// It holds the longest cached prefix, longer than some other replica's.
+    Prefix,
+    /// No replica holds a longer prefix; it owns the request's cohort.
+    Cohort,
+    /// The prefix holder or cohort owner was over the balance bound; moved here.
+    LoadSpill,
+    /// Nothing distinguishes the replicas but load.
+    LeastLoaded,
+}
+
+impl ChoiceReason {
+    /// Lower-case name for metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prefix => "prefix",
+            Self::Cohort => "cohort",
+            Self::LoadSpill => "load_spill",
+            Self::LeastLoaded => "least_loaded",
+        }
+    }
+}
+
+/// The policy's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    /// Replica index in `0..replicas`.
+    pub replica: usize,
+    /// Leading blocks of the request the chosen replica is believed to hold.
+    pub matched_blocks: usize,
+    /// Why.
+    pub reason: ChoiceReason,
+}
+
+/// One replica in a [`PolicySnapshot`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaSnapshot {
+    /// Effective load (decayed assigned work, raised by a fresh engine report).
+    pub load: f64,
+    /// Blocks in its approximate prefix state.
+    pub blocks_held: usize,
+    /// Blocks evicted from that state so far.
+    pub evictions: u64,
+    /// Requests assigned so far.
+    pub assigned: u64,
+}
+
+/// Metrics view of a [`Policy`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicySnapshot {
+    /// Per replica.
+    pub replicas: Vec<ReplicaSnapshot>,
+    /// Decisions so far by reason: prefix, cohort, load_spill, least_loaded.
+    pub reasons: [u64; 4],
+    /// Cohorts with a remembered owner.
+    pub cohorts: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Owners {
+    primary: usize,
+    secondary: Option<usize>,
+}
+
+/// The replica-choice policy (one per batcher shard).
+#[derive(Debug)]
+pub struct Policy {
+    config: PolicyConfig,
+    balance: f64,
+    states: Vec<PrefixState>,
+    loads: Vec<DecayingLoad>,
+    assigned: Vec<u64>,
+    owners: LruCache<u32, Owners>,
+    decisions: u64,
+    reasons: [u64; 4],
+    mean_work: f64,
+    // Scratch buffers reused across decisions.
+    matched: Vec<usize>,
+    work: Vec<f64>,
+    projected: Vec<f64>,
+}
+
+/// SplitMix64 finaliser: spreads a block hash (or id) over all 64 bits.
+pub fn mix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Depth, in the filter's 256-byte blocks (≈ 64 tokens each), of the batcher shard key.
+///
+/// With several batcher shards, each request goes to the shard
+/// `jump_hash(shard_key(blocks, D), shards)`. The key must be the same for every turn of a
+/// conversation (so one shard sees all of it and its prefix view of that conversation is
+/// complete) and must differ between conversations (so shards share the load). The
+/// chained hash at depth `min(len, D)` names the first `D` blocks: everything that shares
+/// them shares a shard. `D` has to reach past the shared trunk (system prompt, tools) into
+/// the conversation's own first turn, and not past its first request's full blocks.
+/// The replay measures it on Mooncake at 2 of its 512-token blocks (block 0 is the trunk
+/// every request shares, block 1 starts the conversation), 1,024 tokens ≈ 4 KiB ≈ 16 of
+/// the filter's blocks; hence 16. A first request shorter than `D` blocks keys on its own
+/// last block and its next turn may change shard: one extra miss, on a short prompt.
+/// A trunk longer than `D` blocks sends all its traffic to one shard: the hit ratio is
+/// unharmed (that shard sees it all) but the shard load is not spread; raise `D` then.
+pub const SHARD_KEY_DEPTH: usize = 16;
+
+/// The batcher shard key of a request: its chained block hash at depth `min(len, depth)`
+/// (0 for an empty request; `depth` 0 is treated as 1).
+pub fn shard_key(blocks: &[u64], depth: usize) -> u64 {
+    let d = depth.max(1).min(blocks.len());
+    match d.checked_sub(1).and_then(|i| blocks.get(i)) {
+        Some(&h) => h,
+        None => 0,
+    }
+}
+
+impl Policy {
+    /// A policy with empty prefix states and zero loads.
+    pub fn new(config: PolicyConfig) -> Self {
+        let n = config.replicas.max(1);
+        let balance = if config.balance.is_nan() {
+            1.0
+        } else {
+            config.balance.max(1.0)
+        };
+        let cohorts = NonZeroUsize::new(config.max_cohorts.max(1)).unwrap_or(NonZeroUsize::MIN);
+        Self {
+            balance,
+            states: (0..n)
+                .map(|_| PrefixState::new(config.blocks_per_replica))
+                .collect(),
+            loads: vec![DecayingLoad::default(); n],
+            assigned: vec![0; n],
+            owners: LruCache::new(cohorts),
+            decisions: 0,
+            reasons: [0; 4],
+            mean_work: config.per_request_work.max(1.0),
+            matched: vec![0; n],
+            work: vec![0.0; n],
+            projected: vec![0.0; n],
+            config,
+        }
+    }
+
+    /// The settings it was built with.
+    pub fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    /// Number of replicas (at least 1).
+    pub fn replicas(&self) -> usize {
+        self.states.len()
+    }
+
+    /// Chooses a replica for `req` and records the request there (prefix state, load,
+    /// cohort owner). See the module documentation for the rule.
+    pub fn choose(&mut self, req: &RouteRequest<'_>) -> Choice {
+        let n = self.states.len();
+        let blocks = req.blocks;
+        let now = req.now_ms;
+        let hl = self.config.load_half_life_ms;
+        let ttl = self.config.report_ttl_ms;
+        let cost = f64::from(req.cost);
+        let per_req = if self.config.per_request_work.is_finite() {
+            self.config.per_request_work.max(0.0)
+        } else {
+            0.0
+        };
+
+        let mut total = 0.0;
+        let mut w_min = f64::INFINITY;
+        for r in 0..n {
+            let m = self.states[r].matched(blocks);
+            let uncached = if blocks.is_empty() {
+                cost
+            } else {
+                cost * (blocks.len() - m) as f64 / blocks.len() as f64
+            };
+            let w = uncached + per_req;
+            let l = self.loads[r].effective(now, hl, ttl, self.mean_work);
+            self.matched[r] = m;
+            self.work[r] = w;
+            self.projected[r] = l + w;
+            total += l;
+            w_min = w_min.min(w);
+        }
+        let mean = (total + w_min) / n as f64;
+        let slack = if self.config.balance_slack.is_finite() {
+            self.config.balance_slack.max(0.0)
+        } else {
+            f64::INFINITY
+        };
+        let bound = self.balance * mean + slack;
+
+        let owners = req.cohort.and_then(|c| self.owners.get(&c).copied());
+        let rank = |r: usize| -> u8 {
+            match owners {
+                Some(o) if o.primary == r => 2,
+                Some(o) if o.secondary == Some(r) => 1,
+                _ => 0,
+            }
+        };
+
+        let start = (mix64(blocks.first().copied().unwrap_or(0)).wrapping_add(self.decisions)
+            % n as u64) as usize;
+        let mut best: Option<usize> = None;
+        for i in 0..n {
+            let r = (start + i) % n;
+            if self.projected[r] > bound {
+                continue;
+            }
+            let better = match best {
+                None => true,
+                Some(b) => {
+                    let (mr, mb) = (self.matched[r], self.matched[b]);
+                    mr > mb
+                        || (mr == mb
+                            && (rank(r) > rank(b)
+                                || (rank(r) == rank(b) && self.projected[r] < self.projected[b])))
+                }
+            };
+            if better {
+                best = Some(r);
+            }
+        }
+        let replica = match best {
+            Some(r) => r,
+            None => {
+                let mut b = start;
+                for i in 1..n {
+                    let r = (start + i) % n;
+                    if self.projected[r] < self.projected[b] {
+                        b = r;
+                    }
+                }
+                b
+            }
+        };
+
+        let m = self.matched[replica];
+        let best_m = self.matched.iter().copied().max().unwrap_or(0);
+        let floor = self.matched.iter().copied().min().unwrap_or(0);
+        let reason = if m == best_m && best_m > floor {
+            ChoiceReason::Prefix
+        } else if rank(replica) > 0 {
+            ChoiceReason::Cohort
+        } else if best_m > m || owners.is_some() {
+            ChoiceReason::LoadSpill
+        } else {
+            ChoiceReason::LeastLoaded
+        };
+
+        if let Some(c) = req.cohort {
+            let next = match owners {
+                None => Owners {
+                    primary: replica,
+                    secondary: None,
+                },
+                Some(o) if o.primary == replica || o.secondary == Some(replica) => o,
+                Some(o) => Owners {
+                    primary: o.primary,
+                    secondary: Some(replica),
+                },
+            };
+            self.owners.put(c, next);
+        }
+
+        let w = self.work[replica];
+        self.states[replica].record(blocks);
+        self.loads[replica].add(w, now, hl);
+        self.assigned[replica] += 1;
+        self.decisions += 1;
+        self.reasons[reason as usize] += 1;
+        self.mean_work += (w - self.mean_work) / 64.0;
+
+        Choice {
+            replica,
+            matched_blocks: m,
+            reason,
+        }
+    }
+
+    /// Engine-reported requests in flight and queued on `replica` at `now_ms`; raises
+    /// that replica's load while fresh. Returns false for an unknown replica.
+    pub fn report_engine_load(
+        &mut self,
+        replica: usize,
+        in_flight: u32,
+        queued: u32,
+        now_ms: u64,
+    ) -> bool {
+        match self.loads.get_mut(replica) {
+            Some(l) => {
+                l.report(in_flight.saturating_add(queued), now_ms);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Per-replica load, prefix-state size and evictions, and decision counts, at `now_ms`.
+    pub fn snapshot(&self, now_ms: u64) -> PolicySnapshot {
+        let hl = self.config.load_half_life_ms;
+        let ttl = self.config.report_ttl_ms;
+        PolicySnapshot {
+            replicas: (0..self.states.len())
+                .map(|r| ReplicaSnapshot {
+                    load: self.loads[r].effective(now_ms, hl, ttl, self.mean_work),
+                    blocks_held: self.states[r].len(),
+                    evictions: self.states[r].evictions(),
+                    assigned: self.assigned[r],
+                })
+                .collect(),
+            reasons: self.reasons,
+            cohorts: self.owners.len(),
+        }
+    }
+}

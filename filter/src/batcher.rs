@@ -1,0 +1,475 @@
+//! What the filter says to the batcher and how it reads the answers, as pure functions:
+//! the `cohort.v1` messages built from a fingerprint, the batcher shard that owns a request,
+//! the headers an `AssignReply` becomes, and the per-VM outbox of observations.
+//!
+//! The proxy-wasm calls (`dispatch_grpc_call`, `open_grpc_stream`, …) live in `http.rs` and
+//! `root.rs`; everything they decide on is here and tested natively.
+//!
+//! **Shards.** Batchers share no state: `batcher_clusters` lists one Envoy cluster per
+//! batcher shard, and a request's routing key picks its shard by jump hashing, for `Assign`
+//! and `Observe` alike. A routing key is the application's stable prefix (or its cohort),
+//! so one shard sees every request of an application and its view of the prefixes is whole.
+//!
+//! **Outbox.** Observations are fire-and-forget. HTTP contexts push them into a bounded
+//! queue per shard; the root context drains the queues every tick into one long-lived
+//! `Observe` stream per shard, in batches. When a stream closes, it is reopened after an
+//! exponential backoff (100 ms doubling to 5 s); while it is away the queue holds up to
+//! [`OUTBOX_QUEUE_LIMIT`] observations and drops the rest, counted, so requests never wait.
+
+use crate::config::{FilterConfig, Mode};
+use crate::decision::RequestPlan;
+use cohort_fingerprint::knobs::Prefetch as KnobPrefetch;
+use cohort_fingerprint::shard::jump_hash;
+use cohort_fingerprint::sketch::{SemanticMode as CoreMode, SKETCH_VERSION};
+use cohort_fingerprint::Fingerprint;
+use cohort_proto as pb;
+use std::collections::VecDeque;
+
+/// Observations held per shard while its stream is away.
+pub const OUTBOX_QUEUE_LIMIT: usize = 4096;
+/// Observations per `ObservationBatch` message.
+pub const OUTBOX_BATCH_LIMIT: usize = 256;
+const BACKOFF_START_MS: u64 = 100;
+const BACKOFF_MAX_MS: u64 = 5_000;
+/// A stream that lived this long before closing was healthy: the next retry starts fast.
+const HEALTHY_STREAM_MS: u64 = 1_000;
+
+/// Index into `batcher_clusters` of the shard that owns this request, if any are configured.
+pub fn shard_index(config: &FilterConfig, fingerprint: &Fingerprint) -> Option<usize> {
+    let shards = config.batcher_clusters.len();
+    if shards == 0 {
+        return None;
+    }
+    Some(jump_hash(fingerprint.routing_key.0, shards as u32) as usize)
+}
+
+fn proto_fingerprint(fp: &Fingerprint) -> pb::Fingerprint {
+    let sketch = if fp.intent.sketch.is_zero() {
+        Vec::new()
+    } else {
+        fp.intent.sketch.0.iter().map(|&v| v as u8).collect()
+    };
+    pb::Fingerprint {
+        key: fp.routing_key.0,
+        prefix: fp.stable_prefix,
+        blocks: fp.prefix_blocks.clone(),
+        sketch,
+        sketch_version: SKETCH_VERSION,
+        semantic_mode: match fp.semantic_mode {
+            CoreMode::Intent => pb::SemanticMode::Intent,
+            CoreMode::Topic => pb::SemanticMode::Topic,
+            CoreMode::Hybrid => pb::SemanticMode::Hybrid,
+        } as i32,
+        prompt_bytes: u32::try_from(fp.prompt_bytes).unwrap_or(u32::MAX),
+        block_bytes: cohort_fingerprint::prefix::BLOCK_BYTES as u32,
+    }
+}
+
+fn proto_knobs(plan: &RequestPlan) -> pb::Knobs {
+    let knobs = &plan.knobs.knobs;
+    pb::Knobs {
+        batch_threshold: knobs.batch_threshold,
+        cache_ttl_s: knobs.cache_ttl_s,
+        prefetch: match knobs.prefetch {
+            KnobPrefetch::None => pb::Prefetch::None,
+            KnobPrefetch::Low => pb::Prefetch::Low,
+            KnobPrefetch::Medium => pb::Prefetch::Medium,
+            KnobPrefetch::High => pb::Prefetch::High,
+        } as i32,
+    }
+}
+
+/// The `Assign` request for a fingerprinted request.
+pub fn assign_request(plan: &RequestPlan, fp: &Fingerprint, now_ms: u64) -> pb::AssignRequest {
+    pb::AssignRequest {
+        fingerprint: Some(proto_fingerprint(fp)),
+        knobs: Some(proto_knobs(plan)),
+        tenant: plan.tenant.clone().unwrap_or_default(),
+        session: plan.session.clone().unwrap_or_default(),
+        path: plan.path.clone(),
+        model: fp.model.clone(),
+        sent_unix_ms: now_ms,
+    }
+}
+
+/// The observation of a request as it was routed (`shard` when the batcher assigned one).
+pub fn observation(
+    plan: &RequestPlan,
+    fp: &Fingerprint,
+    mode: Mode,
+    shard: Option<&str>,
+    now_ms: u64,
+) -> pb::Observation {
+    pb::Observation {
+        fingerprint: Some(proto_fingerprint(fp)),
+        knobs: Some(proto_knobs(plan)),
+        tenant: plan.tenant.clone().unwrap_or_default(),
+        session: plan.session.clone().unwrap_or_default(),
+        path: plan.path.clone(),
+        model: fp.model.clone(),
+        observed_unix_ms: now_ms,
+        shard: shard.unwrap_or_default().to_owned(),
+        mode: mode.as_str().to_owned(),
+    }
+}
+
+/// An `AssignReply` the filter will not put into headers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplyError {
+    #[error("the reply is not a cohort.v1.AssignReply")]
+    Undecodable,
+    #[error("the reply's shard {0:?} is not a plain replica name")]
+    BadShard(String),
+    #[error("the reply's cluster {0:?} is not a plain cohort id")]
+    BadCluster(String),
+}
+
+/// A name safe to put into a header and to match in a route: 1–64 of `[A-Za-z0-9._-]`.
+fn is_plain_name(value: &str) -> bool {
+    (1..=64).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The batcher's decision, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub shard: String,
+    /// Empty when the batcher put the request in no cohort (then the filter's stays).
+    pub cluster: String,
+    pub reason: String,
+}
+
+/// Decodes and checks an `AssignReply`.
+pub fn read_assign_reply(bytes: &[u8]) -> Result<Assignment, ReplyError> {
+    use prost::Message;
+    let reply = pb::AssignReply::decode(bytes).map_err(|_| ReplyError::Undecodable)?;
+    if !is_plain_name(&reply.shard) {
+        return Err(ReplyError::BadShard(reply.shard));
+    }
+    if !reply.cluster.is_empty() && !is_plain_name(&reply.cluster) {
+        return Err(ReplyError::BadCluster(reply.cluster));
+    }
+    let reason = if is_plain_name(&reply.reason) {
+        reply.reason
+    } else {
+        String::new()
+    };
+    Ok(Assignment {
+        shard: reply.shard,
+        cluster: reply.cluster,
+        reason,
+    })
+}
+
+/// Whether a shard's `Observe` stream is open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Closed { retry_at_ms: u64, backoff_ms: u64 },
+    Open { token: u32, opened_at_ms: u64 },
+}
+
+/// The queue and stream state of one batcher shard.
+#[derive(Debug)]
+struct ShardOutbox {
+    pending: VecDeque<pb::Observation>,
+    /// Dropped since the last batch that went out (reported in that batch).
+    dropped_unreported: u64,
+    stream: Stream,
+}
+
+/// What the root context should do for a shard on this tick.
+#[derive(Debug, PartialEq)]
+pub enum Flush {
+    /// Nothing to send, or waiting out a backoff.
+    Idle,
+    /// Open a stream to this shard, then call [`Outbox::opened`] or [`Outbox::closed`].
+    Open,
+    /// Send these batches on the open stream `token`.
+    Send {
+        token: u32,
+        batches: Vec<pb::ObservationBatch>,
+    },
+}
+
+/// The per-VM observation outbox (see the module doc).
+#[derive(Debug)]
+pub struct Outbox {
+    shards: Vec<ShardOutbox>,
+}
+
+impl Outbox {
+    pub fn new(shards: usize) -> Outbox {
+        Outbox {
+            shards: (0..shards)
+                .map(|_| ShardOutbox {
+                    pending: VecDeque::new(),
+                    dropped_unreported: 0,
+                    stream: Stream::Closed {
+                        retry_at_ms: 0,
+                        backoff_ms: BACKOFF_START_MS,
+                    },
+                })
+                .collect(),
+        }
+    }
+
+    /// Queues an observation; false (and counted in the next batch) when the queue is full.
+    pub fn push(&mut self, shard: usize, observation: pb::Observation) -> bool {
+        let Some(outbox) = self.shards.get_mut(shard) else {
+            return false;
+        };
+        if outbox.pending.len() >= OUTBOX_QUEUE_LIMIT {
+            outbox.dropped_unreported += 1;
+            return false;
+        }
+        outbox.pending.push_back(observation);
+        true
+    }
+
+    /// Observations waiting for a shard.
+    pub fn pending(&self, shard: usize) -> usize {
+        self.shards.get(shard).map_or(0, |s| s.pending.len())
+    }
+
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Decides this tick's work for a shard; taking batches removes them from the queue.
+    pub fn flush(&mut self, shard: usize, now_ms: u64) -> Flush {
+        let Some(outbox) = self.shards.get_mut(shard) else {
+            return Flush::Idle;
+        };
+        if outbox.pending.is_empty() {
+            return Flush::Idle;
+        }
+        match outbox.stream {
+            Stream::Closed { retry_at_ms, .. } if now_ms >= retry_at_ms => Flush::Open,
+            Stream::Closed { .. } => Flush::Idle,
+            Stream::Open { token, .. } => {
+                let mut batches = Vec::new();
+                while !outbox.pending.is_empty() {
+                    let take = outbox.pending.len().min(OUTBOX_BATCH_LIMIT);
+                    batches.push(pb::ObservationBatch {
+                        observations: outbox.pending.drain(..take).collect(),
+                        dropped: std::mem::take(&mut outbox.dropped_unreported),
+                    });
+                }
+                Flush::Send { token, batches }
+            }
+        }
+    }
+
+    /// The stream to `shard` was opened as `token`.
+    pub fn opened(&mut self, shard: usize, token: u32, now_ms: u64) {
+        if let Some(outbox) = self.shards.get_mut(shard) {
+            outbox.stream = Stream::Open {
+                token,
+                opened_at_ms: now_ms,
+            };
+        }
+    }
+
+    /// The stream with `token` closed (or could not be opened for `shard` when `token` is
+    /// `None`); returns its shard. Schedules the next attempt.
+    pub fn closed(&mut self, shard_or_token: Closed, now_ms: u64) -> Option<usize> {
+        let index = match shard_or_token {
+            Closed::Shard(shard) => shard,
+            Closed::Token(token) => self.shards.iter().position(
+                |s| matches!(s.stream, Stream::Open { token: t, .. } if t == token),
+            )?,
+        };
+        let outbox = self.shards.get_mut(index)?;
+        let backoff_ms = match outbox.stream {
+            Stream::Open { opened_at_ms, .. }
+                if now_ms.saturating_sub(opened_at_ms) >= HEALTHY_STREAM_MS =>
+            {
+                BACKOFF_START_MS
+            }
+            Stream::Open { .. } => BACKOFF_START_MS * 2,
+            Stream::Closed { backoff_ms, .. } => (backoff_ms * 2).min(BACKOFF_MAX_MS),
+        };
+        outbox.stream = Stream::Closed {
+            retry_at_ms: now_ms + backoff_ms,
+            backoff_ms,
+        };
+        Some(index)
+    }
+
+    /// A batch could not be sent: count its observations as dropped.
+    pub fn lost(&mut self, shard: usize, observations: u64) {
+        if let Some(outbox) = self.shards.get_mut(shard) {
+            outbox.dropped_unreported += observations;
+        }
+    }
+}
+
+/// Which stream closed: known by shard (an open that failed) or by stream token.
+#[derive(Debug, Clone, Copy)]
+pub enum Closed {
+    Shard(usize),
+    Token(u32),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::{inspect_headers, route_body, HeadersVerdict};
+
+    fn fingerprinted(config: &FilterConfig, body: &str) -> (RequestPlan, Fingerprint) {
+        let headers: Vec<(String, String)> = [
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("x-cohort-session", "s-1"),
+        ]
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+        let HeadersVerdict::Buffer(plan) = inspect_headers(config, &headers, Some("tenant-a"))
+        else {
+            panic!("not buffered")
+        };
+        let routing = route_body(config, &plan, body.as_bytes()).unwrap();
+        (*plan, routing.fingerprint)
+    }
+
+    const BODY: &str = r#"{"model":"m","messages":[{"role":"system","content":"You are a bank."},{"role":"user","content":"How do I reset my PIN?"}]}"#;
+
+    #[test]
+    fn assign_request_carries_the_fingerprint() {
+        let config = FilterConfig::default();
+        let (plan, fp) = fingerprinted(&config, BODY);
+        let request = assign_request(&plan, &fp, 1234);
+        let wire = request.fingerprint.as_ref().unwrap();
+        assert_eq!(wire.key, fp.routing_key.0);
+        assert_eq!(wire.blocks, fp.prefix_blocks);
+        assert_eq!(wire.sketch.len(), 32);
+        assert_eq!(wire.sketch_version, SKETCH_VERSION);
+        assert_eq!(request.tenant, "tenant-a");
+        assert_eq!(request.session, "s-1");
+        assert_eq!(request.model, "m");
+        assert_eq!(request.sent_unix_ms, 1234);
+        let knobs = request.knobs.unwrap();
+        assert_eq!(knobs.cache_ttl_s, 600);
+        assert_eq!(knobs.prefetch, pb::Prefetch::Medium as i32);
+    }
+
+    #[test]
+    fn a_request_without_intent_text_sends_no_sketch() {
+        let config = FilterConfig::default();
+        let (plan, fp) = fingerprinted(
+            &config,
+            r#"{"model":"m","messages":[{"role":"system","content":"You are a bank."}]}"#,
+        );
+        let observation = observation(&plan, &fp, Mode::Affinity, None, 1);
+        assert!(observation.fingerprint.unwrap().sketch.is_empty());
+        assert_eq!(observation.mode, "affinity");
+    }
+
+    #[test]
+    fn shards_split_keys_and_agree_with_jump_hash() {
+        let mut config = FilterConfig::default();
+        assert!(config.batcher_clusters.is_empty(), "no batcher by default");
+        let (_, fp) = fingerprinted(&config, BODY);
+        assert_eq!(shard_index(&config, &fp), None);
+        config.batcher_clusters = vec!["a".into()];
+        assert_eq!(shard_index(&config, &fp), Some(0));
+        config.batcher_clusters = vec!["a".into(), "b".into(), "c".into()];
+        let index = shard_index(&config, &fp).unwrap();
+        assert_eq!(index as u32, jump_hash(fp.routing_key.0, 3));
+    }
+
+    #[test]
+    fn replies_are_checked_before_they_become_headers() {
+        use prost::Message;
+        let encode = |shard: &str, cluster: &str| {
+            pb::AssignReply {
+                shard: shard.into(),
+                cluster: cluster.into(),
+                matched_blocks: 3,
+                reason: "prefix".into(),
+            }
+            .encode_to_vec()
+        };
+        let ok = read_assign_reply(&encode("replica-1", "0000002a")).unwrap();
+        assert_eq!(ok.shard, "replica-1");
+        assert_eq!(ok.cluster, "0000002a");
+        assert_eq!(ok.reason, "prefix");
+        assert!(matches!(
+            read_assign_reply(&encode("", "x")),
+            Err(ReplyError::BadShard(_))
+        ));
+        assert!(matches!(
+            read_assign_reply(&encode("r1\r\nx-evil: 1", "")),
+            Err(ReplyError::BadShard(_))
+        ));
+        assert!(matches!(
+            read_assign_reply(&encode("r1", "a b")),
+            Err(ReplyError::BadCluster(_))
+        ));
+        assert_eq!(
+            read_assign_reply(&[0xff, 0xff, 0xff]),
+            Err(ReplyError::Undecodable)
+        );
+    }
+
+    fn obs(n: u64) -> pb::Observation {
+        pb::Observation {
+            observed_unix_ms: n,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn outbox_opens_sends_in_batches_and_reports_drops() {
+        let mut outbox = Outbox::new(2);
+        assert_eq!(outbox.flush(0, 0), Flush::Idle, "nothing queued");
+        for n in 0..(OUTBOX_QUEUE_LIMIT as u64 + 10) {
+            outbox.push(0, obs(n));
+        }
+        assert_eq!(outbox.pending(0), OUTBOX_QUEUE_LIMIT);
+        assert_eq!(outbox.flush(0, 0), Flush::Open);
+        outbox.opened(0, 7, 0);
+        let Flush::Send { token, batches } = outbox.flush(0, 5) else {
+            panic!("expected batches")
+        };
+        assert_eq!(token, 7);
+        assert_eq!(batches.len(), OUTBOX_QUEUE_LIMIT.div_ceil(OUTBOX_BATCH_LIMIT));
+        assert_eq!(batches[0].dropped, 10, "drops ride on the next batch");
+        assert_eq!(batches[1].dropped, 0);
+        let sent: usize = batches.iter().map(|b| b.observations.len()).sum();
+        assert_eq!(sent, OUTBOX_QUEUE_LIMIT);
+        assert_eq!(batches[0].observations[0].observed_unix_ms, 0, "in order");
+        assert_eq!(outbox.pending(1), 0);
+        assert_eq!(outbox.flush(0, 6), Flush::Idle);
+    }
+
+    #[test]
+    fn outbox_backs_off_while_the_batcher_is_away() {
+        let mut outbox = Outbox::new(1);
+        outbox.push(0, obs(1));
+        let mut now = 0;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            assert_eq!(outbox.flush(0, now), Flush::Open);
+            outbox.closed(Closed::Shard(0), now);
+            let mut wait = 0;
+            while outbox.flush(0, now + wait) == Flush::Idle {
+                wait += 10;
+            }
+            waits.push(wait);
+            now += wait;
+        }
+        assert_eq!(waits[0], 200);
+        assert!(waits.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(*waits.last().unwrap(), BACKOFF_MAX_MS);
+        // A stream that was healthy for a while retries fast after it closes.
+        outbox.opened(0, 3, now);
+        assert_eq!(outbox.closed(Closed::Token(3), now + 5_000), Some(0));
+        assert_eq!(outbox.flush(0, now + 5_000 + BACKOFF_START_MS), Flush::Open);
+        assert_eq!(outbox.closed(Closed::Token(99), now), None, "unknown token");
+        assert!(!outbox.push(5, obs(1)), "unknown shard");
+    }
+}

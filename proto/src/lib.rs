@@ -1,0 +1,20 @@
+//! The `cohort.v1` gRPC contract between the filter and the batcher, generated from
+//! `proto/cohort.proto` (read it for what each field means).
+//!
+//! The filter (wasm32) uses the prost messages and frames them itself through proxy-wasm's
+//! gRPC calls; the batcher enables the `grpc` feature for tonic's server and client.
+
+#[allow(clippy::all, missing_docs)]
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/cohort.v1.rs"));
+}
+
+pub use generated::*;
+pub use prost::Message;
+
+/// The gRPC service name, as proxy-wasm's `dispatch_grpc_call` wants it.
+pub const SERVICE: &str = "cohort.v1.Batcher";
+/// Method names of [`SERVICE`].
+pub const METHOD_ASSIGN: &str = "Assign";
+pub const METHOD_OBSERVE: &str = "Observe";
+pub const METHOD_STATUS: &str = "Status";
