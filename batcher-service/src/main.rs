@@ -1,9 +1,10 @@
 //! `cohort`: the Cohort batcher service and its command-line tools.
 //!
-//! Today it has one subcommand, `cohort fingerprint`, which runs the fingerprint core over
-//! JSONL request logs. The batcher (`cohort serve`) joins it in the batcher issue.
+//! - `cohort serve`: the batcher (gRPC Assign/Observe/Status, /metrics, /healthz, /readyz);
+//! - `cohort fingerprint`: the fingerprint core over JSONL request logs.
 
 mod commands;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -20,12 +21,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the batcher service.
+    Serve(serve::config::ServeArgs),
     /// Fingerprint request bodies from JSONL (a file or stdin) and write JSONL records.
     Fingerprint(commands::fingerprint::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Serve(args) => commands::serve::run(args),
         Command::Fingerprint(args) => commands::fingerprint::run(args),
     }
 }

@@ -6,9 +6,10 @@
 //! `root.rs`; everything they decide on is here and tested natively.
 //!
 //! **Shards.** Batchers share no state: `batcher_clusters` lists one Envoy cluster per
-//! batcher shard, and a request's routing key picks its shard by jump hashing, for `Assign`
-//! and `Observe` alike. A routing key is the application's stable prefix (or its cohort),
-//! so one shard sees every request of an application and its view of the prefixes is whole.
+//! batcher shard, and a request's prefix picks its shard, for `Assign` and `Observe` alike:
+//! `jump_hash(shard_key(blocks, SHARD_KEY_DEPTH))`, the chained block hash at 4 KiB. Every
+//! turn of a conversation shares its first 4 KiB, so one shard sees the whole conversation;
+//! different conversations spread over the shards (see `cohort_fingerprint::shard`).
 //!
 //! **Outbox.** Observations are fire-and-forget. HTTP contexts push them into a bounded
 //! queue per shard; the root context drains the queues every tick into one long-lived
@@ -19,7 +20,7 @@
 use crate::config::{FilterConfig, Mode};
 use crate::decision::RequestPlan;
 use cohort_fingerprint::knobs::Prefetch as KnobPrefetch;
-use cohort_fingerprint::shard::jump_hash;
+use cohort_fingerprint::shard::{jump_hash, shard_key, SHARD_KEY_DEPTH};
 use cohort_fingerprint::sketch::{SemanticMode as CoreMode, SKETCH_VERSION};
 use cohort_fingerprint::Fingerprint;
 use cohort_proto as pb;
@@ -40,7 +41,8 @@ pub fn shard_index(config: &FilterConfig, fingerprint: &Fingerprint) -> Option<u
     if shards == 0 {
         return None;
     }
-    Some(jump_hash(fingerprint.routing_key.0, shards as u32) as usize)
+    let key = shard_key(&fingerprint.prefix_blocks, SHARD_KEY_DEPTH);
+    Some(jump_hash(key, shards as u32) as usize)
 }
 
 fn proto_fingerprint(fp: &Fingerprint) -> pb::Fingerprint {
@@ -277,9 +279,10 @@ impl Outbox {
     pub fn closed(&mut self, shard_or_token: Closed, now_ms: u64) -> Option<usize> {
         let index = match shard_or_token {
             Closed::Shard(shard) => shard,
-            Closed::Token(token) => self.shards.iter().position(
-                |s| matches!(s.stream, Stream::Open { token: t, .. } if t == token),
-            )?,
+            Closed::Token(token) => self
+                .shards
+                .iter()
+                .position(|s| matches!(s.stream, Stream::Open { token: t, .. } if t == token))?,
         };
         let outbox = self.shards.get_mut(index)?;
         let backoff_ms = match outbox.stream {
@@ -378,7 +381,8 @@ mod tests {
         assert_eq!(shard_index(&config, &fp), Some(0));
         config.batcher_clusters = vec!["a".into(), "b".into(), "c".into()];
         let index = shard_index(&config, &fp).unwrap();
-        assert_eq!(index as u32, jump_hash(fp.routing_key.0, 3));
+        let key = shard_key(&fp.prefix_blocks, SHARD_KEY_DEPTH);
+        assert_eq!(index as u32, jump_hash(key, 3));
     }
 
     #[test]
@@ -436,7 +440,10 @@ mod tests {
             panic!("expected batches")
         };
         assert_eq!(token, 7);
-        assert_eq!(batches.len(), OUTBOX_QUEUE_LIMIT.div_ceil(OUTBOX_BATCH_LIMIT));
+        assert_eq!(
+            batches.len(),
+            OUTBOX_QUEUE_LIMIT.div_ceil(OUTBOX_BATCH_LIMIT)
+        );
         assert_eq!(batches[0].dropped, 10, "drops ride on the next batch");
         assert_eq!(batches[1].dropped, 0);
         let sent: usize = batches.iter().map(|b| b.observations.len()).sum();

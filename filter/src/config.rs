@@ -231,7 +231,11 @@ impl FilterConfig {
             return Err(ConfigError::ApiPaths(self.api_paths.clone()));
         }
         let clusters = &self.batcher_clusters;
-        if clusters.iter().enumerate().any(|(i, c)| c.is_empty() || clusters[..i].contains(c)) {
+        if clusters
+            .iter()
+            .enumerate()
+            .any(|(i, c)| c.is_empty() || clusters[..i].contains(c))
+        {
             return Err(ConfigError::BatcherClusters(clusters.clone()));
         }
         if self.mode != Mode::Affinity && clusters.is_empty() {

@@ -195,8 +195,7 @@ impl CohortHttp {
             return;
         }
         let now = unix_ms(self.get_current_time());
-        let observation =
-            batcher::observation(plan, &routing.fingerprint, config.mode, shard, now);
+        let observation = batcher::observation(plan, &routing.fingerprint, config.mode, shard, now);
         let queued = self.shared.outbox.borrow_mut().push(index, observation);
         if !queued {
             if let Some(stats) = &self.shared.stats {
@@ -219,8 +218,7 @@ impl CohortHttp {
 
 impl Context for CohortHttp {
     fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, response_size: usize) {
-        let State::Assigning(pending) = std::mem::replace(&mut self.state, State::Untouched)
-        else {
+        let State::Assigning(pending) = std::mem::replace(&mut self.state, State::Untouched) else {
             return;
         };
         if pending.token != token_id {
@@ -376,7 +374,10 @@ impl HttpContext for CohortHttp {
                 cluster,
                 shard: Some(shard),
                 ..
-            } => format!("mode={}; cluster={cluster}; shard={shard}", config.mode.as_str()),
+            } => format!(
+                "mode={}; cluster={cluster}; shard={shard}",
+                config.mode.as_str()
+            ),
             State::Routed {
                 cluster,
                 fallback: Some(why),

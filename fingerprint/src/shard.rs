@@ -1,9 +1,11 @@
-//! Which batcher shard owns a key: jump consistent hashing (Lamping & Veach, 2014).
+//! Which batcher shard owns a request: jump consistent hashing (Lamping & Veach, 2014) of
+//! its [`shard_key`].
 //!
 //! Batchers share no state; each owns the keys that hash to it. The filter picks the shard
-//! for `Assign` and `Observe` with [`jump_hash`] over the configured shard clusters, and the
-//! trace replay uses the same function, so what is measured is what runs. Going from `n`
-//! to `n + 1` shards moves only `1 / (n + 1)` of the keys, all of them to the new shard.
+//! for `Assign` and `Observe` as `jump_hash(shard_key(blocks, SHARD_KEY_DEPTH), shards)`
+//! over the configured shard clusters, and the trace replay uses the same functions, so
+//! what is measured is what runs. Going from `n` to `n + 1` shards moves only
+//! `1 / (n + 1)` of the keys, all of them to the new shard.
 
 /// The shard in `0..shards` that owns `key`; `0` when `shards` is 0 or 1.
 pub fn jump_hash(key: u64, shards: u32) -> u32 {
@@ -19,6 +21,33 @@ pub fn jump_hash(key: u64, shards: u32) -> u32 {
         next = ((bucket + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
     }
     bucket as u32
+}
+
+/// Depth, in the filter's 256-byte blocks (≈ 64 tokens each), of the batcher shard key.
+///
+/// With several batcher shards, each request goes to the shard
+/// `jump_hash(shard_key(blocks, D), shards)`. The key must be the same for every turn of a
+/// conversation (so one shard sees all of it and its prefix view of that conversation is
+/// complete) and must differ between conversations (so shards share the load). The
+/// chained hash at depth `min(len, D)` names the first `D` blocks: everything that shares
+/// them shares a shard. `D` has to reach past the shared trunk (system prompt, tools) into
+/// the conversation's own first turn, and not past its first request's full blocks.
+/// The replay measures it on Mooncake at 2 of its 512-token blocks (block 0 is the trunk
+/// every request shares, block 1 starts the conversation), 1,024 tokens ≈ 4 KiB ≈ 16 of
+/// the filter's blocks; hence 16. A first request shorter than `D` blocks keys on its own
+/// last block and its next turn may change shard: one extra miss, on a short prompt.
+/// A trunk longer than `D` blocks sends all its traffic to one shard: the hit ratio is
+/// unharmed (that shard sees it all) but the shard load is not spread; raise `D` then.
+pub const SHARD_KEY_DEPTH: usize = 16;
+
+/// The batcher shard key of a request: its chained block hash at depth `min(len, depth)`
+/// (0 for an empty request; `depth` 0 is treated as 1).
+pub fn shard_key(blocks: &[u64], depth: usize) -> u64 {
+    let d = depth.max(1).min(blocks.len());
+    match d.checked_sub(1).and_then(|i| blocks.get(i)) {
+        Some(&h) => h,
+        None => 0,
+    }
 }
 
 #[cfg(test)]

@@ -8,5 +8,7 @@
 //! The gRPC server, the HTTP endpoints and the CLI live in the `cohort-batcher` crate and
 //! stay thin over this one, so every decision here is tested directly with injected time.
 
+pub mod cohorts;
 pub mod policy;
 pub mod replay;
+pub mod store;

@@ -1,3 +1,4 @@
 //! One module per `cohort` subcommand.
 
 pub mod fingerprint;
+pub mod serve;

@@ -1,0 +1,368 @@
+//! The batcher's decisions behind its gRPC API: one `Brain` per `cohort serve`, shared by
+//! every connection.
+//!
+//! - **Assign** (read-mostly): the request's cohort from the online clustering (read-only,
+//!   so an Assign and the Observe that follows it do not count twice), then the replica
+//!   from the policy, which records the request's prefix blocks and load on that replica.
+//! - **Observe** (write): the cohort clustering learns the sketch, and the fingerprint
+//!   store keeps the request's fingerprint (key: its last prefix block, which identifies
+//!   the whole prompt) with its cohort, replica and TTL (`cache-ttl`).
+//!
+//! Time is passed in (`now_ms` since the batcher started) so tests drive it; tenants are
+//! hashed to 32 bits and every lookup stays within one tenant.
+
+use super::config::ServeConfig;
+use super::metrics::{Histogram, Page};
+use cohort_batcher_core::cohorts::Cohorts;
+use cohort_batcher_core::policy::{Policy, PolicyConfig, RouteRequest};
+use cohort_batcher_core::store::cpu::{Capacity, CpuStoreConfig};
+use cohort_batcher_core::store::{CpuStore, EntryMeta, SketchBytes, Store};
+use cohort_fingerprint::sketch::SKETCH_VERSION;
+use cohort_proto as pb;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use thiserror::Error;
+
+/// A request the batcher cannot act on (answered `INVALID_ARGUMENT`).
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum BrainError {
+    #[error("the request has no fingerprint")]
+    NoFingerprint,
+}
+
+/// Replica index stored for fingerprints whose replica the batcher did not choose.
+const UNKNOWN_REPLICA: u16 = u16::MAX;
+/// Cohort centroids kept (least recently used evicted beyond).
+const MAX_COHORTS: usize = 65_536;
+/// Prompt bytes per token, for the policy's cost estimate before tokenisation.
+const BYTES_PER_TOKEN: u32 = 4;
+
+/// Counters read by `/metrics` and `Status`.
+#[derive(Default)]
+struct Counters {
+    assigns: AtomicU64,
+    observations: AtomicU64,
+    observations_without_sketch: AtomicU64,
+    dropped_reported: AtomicU64,
+    unknown_sketch_version: AtomicU64,
+}
+
+pub struct Brain {
+    replicas: Vec<String>,
+    shard_index: u32,
+    shard_count: u32,
+    policy: Mutex<Policy>,
+    cohorts: Mutex<Cohorts<CpuStore>>,
+    store: CpuStore,
+    counters: Counters,
+    assign_seconds: Histogram,
+}
+
+fn tenant_hash(tenant: &str) -> u32 {
+    xxhash_rust::xxh3::xxh3_64(tenant.as_bytes()) as u32
+}
+
+/// The 32 sketch values, if the fingerprint carries a sketch this batcher understands.
+fn sketch_of(fp: &pb::Fingerprint) -> Option<SketchBytes> {
+    if fp.sketch_version != SKETCH_VERSION {
+        return None;
+    }
+    let bytes: &[u8; 32] = fp.sketch.as_slice().try_into().ok()?;
+    let sketch = bytes.map(|b| b as i8);
+    (sketch != [0; 32]).then_some(sketch)
+}
+
+impl Brain {
+    pub fn new(config: &ServeConfig) -> Brain {
+        let shards = config.shard_count.max(1) as usize;
+        // Each of S shards sees 1/S of the decisions: it gets 1/S of each replica's cache
+        // and a load window S times as long (what the shard replay measures).
+        let policy = PolicyConfig {
+            balance: config.policy.balance,
+            load_half_life_ms: config.policy.load_half_life_ms * shards as u64,
+            ..PolicyConfig::new(
+                config.replicas.len(),
+                (config.policy.kv_blocks_per_replica / shards).max(1),
+            )
+        };
+        Brain {
+            replicas: config.replicas.iter().map(|r| r.name.clone()).collect(),
+            shard_index: config.shard_index,
+            shard_count: config.shard_count,
+            policy: Mutex::new(Policy::new(policy)),
+            cohorts: Mutex::new(Cohorts::new(
+                CpuStore::new(CpuStoreConfig {
+                    capacity: Capacity::Entries(MAX_COHORTS),
+                    shards: 4,
+                }),
+                config.store.cohort_idle_s,
+            )),
+            store: CpuStore::new(CpuStoreConfig {
+                capacity: Capacity::Entries(config.store.max_entries),
+                shards: config.store.shards,
+            }),
+            counters: Counters::default(),
+            assign_seconds: Histogram::decision_seconds(),
+        }
+    }
+
+    pub fn assign(
+        &self,
+        request: &pb::AssignRequest,
+        now_ms: u64,
+    ) -> Result<pb::AssignReply, BrainError> {
+        let started = std::time::Instant::now();
+        let fp = request
+            .fingerprint
+            .as_ref()
+            .ok_or(BrainError::NoFingerprint)?;
+        let knobs = request.knobs.unwrap_or_default();
+        let cohort = sketch_of(fp).and_then(|sketch| {
+            let threshold = threshold(knobs.batch_threshold);
+            lock(&self.cohorts)
+                .assign(
+                    tenant_hash(&request.tenant),
+                    &sketch,
+                    threshold,
+                    secs(now_ms),
+                )
+                .map(|m| m.cohort)
+        });
+        let choice = lock(&self.policy).choose(&RouteRequest {
+            blocks: &fp.blocks,
+            cohort,
+            cost: fp.prompt_bytes / BYTES_PER_TOKEN,
+            now_ms,
+        });
+        self.counters.assigns.fetch_add(1, Ordering::Relaxed);
+        self.assign_seconds.observe(started.elapsed().as_secs_f64());
+        Ok(pb::AssignReply {
+            shard: self.replicas[choice.replica].clone(),
+            cluster: cohort.map(|c| format!("{c:08x}")).unwrap_or_default(),
+            matched_blocks: choice.matched_blocks as u32,
+            reason: choice.reason.as_str().to_owned(),
+        })
+    }
+
+    pub fn observe(&self, batch: &pb::ObservationBatch, now_ms: u64) {
+        self.counters
+            .dropped_reported
+            .fetch_add(batch.dropped, Ordering::Relaxed);
+        for observation in &batch.observations {
+            self.observe_one(observation, now_ms);
+        }
+    }
+
+    fn observe_one(&self, observation: &pb::Observation, now_ms: u64) {
+        self.counters.observations.fetch_add(1, Ordering::Relaxed);
+        let Some(fp) = &observation.fingerprint else {
+            return;
+        };
+        let Some(sketch) = sketch_of(fp) else {
+            let counter = if fp.sketch.is_empty() {
+                &self.counters.observations_without_sketch
+            } else {
+                &self.counters.unknown_sketch_version
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let knobs = observation.knobs.unwrap_or_default();
+        let tenant = tenant_hash(&observation.tenant);
+        let now_s = secs(now_ms);
+        let membership =
+            lock(&self.cohorts).observe(tenant, &sketch, threshold(knobs.batch_threshold), now_s);
+        let replica = self
+            .replicas
+            .iter()
+            .position(|r| *r == observation.shard)
+            .map_or(UNKNOWN_REPLICA, |i| i as u16);
+        let ttl = knobs.cache_ttl_s.clamp(300, 3600);
+        let key = fp.blocks.last().copied().unwrap_or(fp.key);
+        self.store.upsert(
+            key,
+            &sketch,
+            EntryMeta {
+                tenant,
+                cohort: membership.cohort,
+                replica,
+                expires_at_s: now_s.saturating_add(ttl),
+            },
+            now_s,
+        );
+    }
+
+    /// Periodic upkeep: expired fingerprints and idle cohorts go.
+    pub fn expire(&self, now_ms: u64) {
+        let now_s = secs(now_ms);
+        self.store.expire(now_s);
+        lock(&self.cohorts).expire(now_s);
+    }
+
+    pub fn status(&self, now_ms: u64) -> pb::StatusReply {
+        let snapshot = lock(&self.policy).snapshot(now_ms);
+        pb::StatusReply {
+            observations: self.counters.observations.load(Ordering::Relaxed),
+            assigns: self.counters.assigns.load(Ordering::Relaxed),
+            cohorts: lock(&self.cohorts).counters().live,
+            store_entries: self.store.stats().entries,
+            replicas: self
+                .replicas
+                .iter()
+                .zip(&snapshot.replicas)
+                .map(|(name, r)| pb::ReplicaStatus {
+                    name: name.clone(),
+                    load: r.load,
+                    blocks: r.blocks_held as u64,
+                    assigned: r.assigned,
+                })
+                .collect(),
+            shard_index: self.shard_index,
+            shard_count: self.shard_count,
+            dropped_reported: self.counters.dropped_reported.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The Prometheus page (names documented in docs/BATCHER.md).
+    pub fn metrics(&self, now_ms: u64) -> String {
+        let c = &self.counters;
+        let snapshot = lock(&self.policy).snapshot(now_ms);
+        let store = self.store.stats();
+        let cohorts = lock(&self.cohorts).counters();
+        let per_replica = |f: &dyn Fn(usize) -> f64| -> Vec<(String, f64)> {
+            self.replicas
+                .iter()
+                .enumerate()
+                .map(|(i, name)| (name.clone(), f(i)))
+                .collect()
+        };
+        let mut page = Page::default();
+        page.counter(
+            "cohort_assign_total",
+            "Assign calls answered.",
+            c.assigns.load(Ordering::Relaxed),
+        );
+        page.labelled(
+            "cohort_assign_reason_total",
+            "counter",
+            "Assign decisions by why the replica was chosen.",
+            "reason",
+            &["prefix", "cohort", "load_spill", "least_loaded"]
+                .iter()
+                .zip(snapshot.reasons)
+                .map(|(r, n)| (r.to_string(), n as f64))
+                .collect::<Vec<_>>(),
+        );
+        page.histogram(
+            "cohort_assign_decision_seconds",
+            "Time to decide one Assign inside the batcher.",
+            &self.assign_seconds,
+        );
+        page.counter(
+            "cohort_observations_total",
+            "Observations received from filters.",
+            c.observations.load(Ordering::Relaxed),
+        );
+        page.counter(
+            "cohort_observations_without_sketch_total",
+            "Observations with no intent text (no sketch): routed on prefix only.",
+            c.observations_without_sketch.load(Ordering::Relaxed),
+        );
+        page.counter(
+            "cohort_observations_unknown_sketch_version_total",
+            "Observations whose sketch version this batcher does not know.",
+            c.unknown_sketch_version.load(Ordering::Relaxed),
+        );
+        page.counter(
+            "cohort_observations_dropped_by_filters_total",
+            "Observations filters reported dropping (queue full while the batcher was away).",
+            c.dropped_reported.load(Ordering::Relaxed),
+        );
+        page.gauge(
+            "cohort_store_entries",
+            "Fingerprints in the store.",
+            store.entries as f64,
+        );
+        page.gauge(
+            "cohort_store_bytes",
+            "Memory held by the fingerprint store.",
+            store.bytes as f64,
+        );
+        page.counter(
+            "cohort_store_evictions_total",
+            "Fingerprints evicted for capacity (least recently used).",
+            store.evictions,
+        );
+        page.counter(
+            "cohort_store_expirations_total",
+            "Fingerprints expired by their cache-ttl.",
+            store.expirations,
+        );
+        page.gauge("cohort_cohorts", "Live cohorts.", cohorts.live as f64);
+        page.counter(
+            "cohort_cohorts_created_total",
+            "Cohorts started.",
+            cohorts.created,
+        );
+        page.counter(
+            "cohort_cohorts_expired_total",
+            "Cohorts expired after idling.",
+            cohorts.expired,
+        );
+        page.counter(
+            "cohort_semantic_conflicts_total",
+            "Observations whose runner-up cohort was within the conflict margin of the best.",
+            cohorts.conflicts,
+        );
+        page.labelled(
+            "cohort_replica_load",
+            "gauge",
+            "Estimated load per engine replica (decayed assigned work).",
+            "replica",
+            &per_replica(&|i| snapshot.replicas[i].load),
+        );
+        page.labelled(
+            "cohort_replica_prefix_blocks",
+            "gauge",
+            "Prefix blocks the batcher believes each replica holds.",
+            "replica",
+            &per_replica(&|i| snapshot.replicas[i].blocks_held as f64),
+        );
+        page.labelled(
+            "cohort_replica_prefix_evictions_total",
+            "counter",
+            "Blocks evicted from each replica's approximate prefix state (cache eviction rate).",
+            "replica",
+            &per_replica(&|i| snapshot.replicas[i].evictions as f64),
+        );
+        page.labelled(
+            "cohort_replica_assigned_total",
+            "counter",
+            "Requests assigned to each replica.",
+            "replica",
+            &per_replica(&|i| snapshot.replicas[i].assigned as f64),
+        );
+        page.finish()
+    }
+}
+
+fn secs(now_ms: u64) -> u32 {
+    u32::try_from(now_ms / 1000).unwrap_or(u32::MAX)
+}
+
+/// The batch-threshold knob as the filter clamped it; 0 (unset) means the default.
+fn threshold(value: f32) -> f32 {
+    if value.is_finite() && value > 0.0 {
+        value.clamp(0.1, 0.9)
+    } else {
+        0.5
+    }
+}
+
+/// A poisoned lock only means another handler panicked mid-update; the state is still
+/// usable for routing decisions, so keep serving.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -1,0 +1,303 @@
+//! `cohort serve` configuration: a TOML file, overridden by flags, overridden by nothing
+//! else (each flag also reads a `COHORT_*` environment variable, clap's usual precedence:
+//! flag, then environment, then the file, then the default).
+//!
+//! ```toml
+//! grpc_listen = "0.0.0.0:50051"   # Assign / Observe / Status (the filter's batcher cluster)
+//! http_listen = "0.0.0.0:9464"    # /metrics, /healthz, /readyz
+//! shard_index = 0                 # this batcher's shard (a StatefulSet ordinal)
+//! shard_count = 1                 # batcher shards the filters are configured with
+//!
+//! [[replicas]]                    # engine replicas, by the name the routes match on
+//! name = "replica-0"              # the x-cohort-shard value
+//!
+//! [policy]
+//! balance = 1.2                   # a replica takes work while under 1.2 × the mean load
+//! kv_blocks_per_replica = 16384   # each replica's prefix cache, in filter blocks (256 B)
+//!
+//! [store]
+//! max_entries = 1000000
+//! ```
+//!
+//! Replicas are static for now. A Kubernetes source would fill the same `Vec<Replica>`
+//! from the Endpoints (EndpointSlices) of a Service and update the policy when they change;
+//! the policy already keys everything by replica index, so only a resize hook is missing.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// One engine replica as the batcher routes to it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replica {
+    /// The `x-cohort-shard` value routes match on; 1–64 of `[A-Za-z0-9._-]`.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicySection {
+    /// Balance bound: a replica is eligible while under `balance` × the mean load.
+    pub balance: f64,
+    /// Half-life of the assigned-work load estimate, ms (for one batcher; each of `S`
+    /// shards sees 1/S of the decisions, so its half-life is `S` times this).
+    pub load_half_life_ms: u64,
+    /// Each replica's prefix-cache capacity in filter blocks (256 bytes of canonical
+    /// prompt ≈ 64 tokens each). The default, 16,384 blocks, is about 1 M tokens of KV.
+    pub kv_blocks_per_replica: usize,
+}
+
+impl Default for PolicySection {
+    fn default() -> Self {
+        let policy = cohort_batcher_core::policy::PolicyConfig::default();
+        PolicySection {
+            balance: policy.balance,
+            load_half_life_ms: policy.load_half_life_ms,
+            kv_blocks_per_replica: 16_384,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSection {
+    /// Fingerprints kept (least recently used evicted beyond).
+    pub max_entries: usize,
+    /// Independent locks the store is split into.
+    pub shards: usize,
+    /// Cohorts idle this long expire.
+    pub cohort_idle_s: u32,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection {
+            max_entries: 1_000_000,
+            shards: 16,
+            cohort_idle_s: 900,
+        }
+    }
+}
+
+/// The whole configuration after merging.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeConfig {
+    pub grpc_listen: SocketAddr,
+    pub http_listen: SocketAddr,
+    pub shard_index: u32,
+    pub shard_count: u32,
+    pub replicas: Vec<Replica>,
+    pub policy: PolicySection,
+    pub store: StoreSection,
+    /// Seconds to let in-flight calls finish after SIGTERM before exiting.
+    pub drain_s: u64,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            grpc_listen: ([0, 0, 0, 0], 50051).into(),
+            http_listen: ([0, 0, 0, 0], 9464).into(),
+            shard_index: 0,
+            shard_count: 1,
+            replicas: Vec::new(),
+            policy: PolicySection::default(),
+            store: StoreSection::default(),
+            drain_s: 10,
+        }
+    }
+}
+
+/// Flags (and their environment variables) that override the file.
+#[derive(Debug, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "COHORT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// gRPC listen address (Assign, Observe, Status).
+    #[arg(long, env = "COHORT_GRPC_LISTEN")]
+    pub grpc_listen: Option<SocketAddr>,
+    /// HTTP listen address (/metrics, /healthz, /readyz).
+    #[arg(long, env = "COHORT_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
+    /// This batcher's shard index; defaults to the ordinal at the end of the pod's
+    /// hostname (`cohort-batcher-2` → 2) when the hostname has one.
+    #[arg(long, env = "COHORT_SHARD_INDEX")]
+    pub shard_index: Option<u32>,
+    /// Number of batcher shards.
+    #[arg(long, env = "COHORT_SHARD_COUNT")]
+    pub shard_count: Option<u32>,
+    /// Engine replica names (repeat, or comma-separated in the environment); replaces
+    /// the file's list.
+    #[arg(long = "replica", env = "COHORT_REPLICAS", value_delimiter = ',')]
+    pub replicas: Vec<String>,
+    /// Balance bound (see the policy).
+    #[arg(long, env = "COHORT_BALANCE")]
+    pub balance: Option<f64>,
+}
+
+/// Why the configuration was refused.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid cohort serve configuration: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("no engine replicas configured (a [[replicas]] table or --replica)")]
+    NoReplicas,
+    #[error("replica name {0:?} must be 1-64 of [A-Za-z0-9._-] and unique")]
+    ReplicaName(String),
+    #[error("shard_index {index} is not below shard_count {count}")]
+    Shard { index: u32, count: u32 },
+    #[error("policy.balance must be at least 1.0, got {0}")]
+    Balance(f64),
+}
+
+fn is_plain_name(value: &str) -> bool {
+    (1..=64).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The StatefulSet ordinal at the end of a hostname (`cohort-batcher-2` → 2).
+fn ordinal(hostname: &str) -> Option<u32> {
+    let (_, digits) = hostname.trim().rsplit_once('-')?;
+    digits.parse().ok()
+}
+
+impl ServeConfig {
+    /// Reads the file (if any), applies the flags and checks the result.
+    pub fn load(args: &ServeArgs, hostname: Option<&str>) -> Result<ServeConfig, ConfigError> {
+        let mut config = match &args.config {
+            Some(path) => Self::from_file(path)?,
+            None => ServeConfig::default(),
+        };
+        if let Some(addr) = args.grpc_listen {
+            config.grpc_listen = addr;
+        }
+        if let Some(addr) = args.http_listen {
+            config.http_listen = addr;
+        }
+        if let Some(count) = args.shard_count {
+            config.shard_count = count;
+        }
+        match (args.shard_index, hostname.and_then(ordinal)) {
+            (Some(index), _) => config.shard_index = index,
+            (None, Some(index)) if config.shard_count > 1 => config.shard_index = index,
+            _ => {}
+        }
+        if !args.replicas.is_empty() {
+            config.replicas = args
+                .replicas
+                .iter()
+                .map(|name| Replica {
+                    name: name.trim().to_owned(),
+                })
+                .collect();
+        }
+        if let Some(balance) = args.balance {
+            config.policy.balance = balance;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn from_file(path: &Path) -> Result<ServeConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.replicas.is_empty() {
+            return Err(ConfigError::NoReplicas);
+        }
+        for (i, replica) in self.replicas.iter().enumerate() {
+            let duplicate = self.replicas[..i].iter().any(|r| r.name == replica.name);
+            if !is_plain_name(&replica.name) || duplicate {
+                return Err(ConfigError::ReplicaName(replica.name.clone()));
+            }
+        }
+        if self.shard_count == 0 || self.shard_index >= self.shard_count {
+            return Err(ConfigError::Shard {
+                index: self.shard_index,
+                count: self.shard_count,
+            });
+        }
+        if self.policy.balance.is_nan() || self.policy.balance < 1.0 {
+            return Err(ConfigError::Balance(self.policy.balance));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(replicas: &[&str]) -> ServeArgs {
+        ServeArgs {
+            replicas: replicas.iter().map(|r| r.to_string()).collect(),
+            ..ServeArgs::default()
+        }
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let dir = std::env::temp_dir().join(format!("cohort-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("serve.toml");
+        std::fs::write(
+            &path,
+            "grpc_listen = \"127.0.0.1:7000\"\nshard_count = 2\n[[replicas]]\nname = \"a\"\n[policy]\nbalance = 1.5\nkv_blocks_per_replica = 10\n",
+        )
+        .unwrap();
+        let mut a = args(&[]);
+        a.config = Some(path.clone());
+        let config = ServeConfig::load(&a, Some("cohort-batcher-1")).unwrap();
+        assert_eq!(config.grpc_listen.port(), 7000);
+        assert_eq!(config.policy.kv_blocks_per_replica, 10);
+        assert_eq!(config.policy.balance, 1.5);
+        assert_eq!(config.shard_index, 1, "from the StatefulSet ordinal");
+        a.replicas = vec!["x".into(), "y".into()];
+        a.grpc_listen = Some("127.0.0.1:7001".parse().unwrap());
+        a.shard_index = Some(0);
+        let config = ServeConfig::load(&a, Some("cohort-batcher-1")).unwrap();
+        assert_eq!(config.grpc_listen.port(), 7001);
+        assert_eq!(config.replicas.len(), 2);
+        assert_eq!(config.shard_index, 0);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn bad_configurations_say_why() {
+        let err = |a: ServeArgs| ServeConfig::load(&a, None).unwrap_err().to_string();
+        assert!(err(args(&[])).contains("no engine replicas"));
+        assert!(err(args(&["a", "a"])).contains("unique"));
+        assert!(err(args(&["bad name"])).contains("replica name"));
+        let mut a = args(&["a"]);
+        a.shard_index = Some(2);
+        assert!(err(a).contains("shard_index 2"));
+        let mut a = args(&["a"]);
+        a.balance = Some(0.5);
+        assert!(err(a).contains("balance"));
+        let mut a = args(&["a"]);
+        a.config = Some("/nonexistent/cohort.toml".into());
+        assert!(err(a).contains("cannot read"));
+    }
+}

@@ -1,0 +1,46 @@
+//! The batcher's HTTP endpoints for operators: `/metrics` (Prometheus text), `/healthz`
+//! (the process is up) and `/readyz` (listening and not draining; a Kubernetes readiness
+//! probe takes a draining batcher out of its Service before it stops).
+
+use super::brain::Brain;
+use super::Clock;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[derive(Clone)]
+pub struct HttpState {
+    pub brain: Arc<Brain>,
+    pub clock: Clock,
+    pub ready: Arc<AtomicBool>,
+}
+
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.brain.metrics(state.clock.now_ms()),
+    )
+}
+
+async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
+    if state.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+    }
+}

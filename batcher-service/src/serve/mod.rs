@@ -1,0 +1,139 @@
+//! `cohort serve`: the batcher service. A gRPC server (`cohort.v1.Batcher`: Assign,
+//! Observe, Status) and an HTTP server (`/metrics`, `/healthz`, `/readyz`) over one
+//! shared [`brain::Brain`], with a once-a-second upkeep task (TTL expiry of fingerprints
+//! and cohorts).
+//!
+//! Shutdown (SIGTERM or Ctrl-C): `/readyz` turns 503, open `Observe` streams are ended,
+//! both servers stop accepting and finish what is in flight (at most `drain_s`), the
+//! upkeep task stops, and the process exits 0.
+
+pub mod brain;
+pub mod config;
+mod grpc;
+mod http;
+pub mod metrics;
+
+use anyhow::Context as _;
+use brain::Brain;
+use config::ServeConfig;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tracing::info;
+
+/// Milliseconds since the batcher started: the injected time of every decision.
+#[derive(Clone, Copy)]
+pub struct Clock(Instant);
+
+impl Clock {
+    pub fn start() -> Clock {
+        Clock(Instant::now())
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.0.elapsed().as_millis() as u64
+    }
+}
+
+/// Runs until SIGTERM or Ctrl-C.
+pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
+    let brain = Arc::new(Brain::new(&config));
+    let clock = Clock::start();
+    let ready = Arc::new(AtomicBool::new(false));
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let grpc_listener = tokio::net::TcpListener::bind(config.grpc_listen)
+        .await
+        .with_context(|| format!("cannot listen for gRPC on {}", config.grpc_listen))?;
+    let http_listener = tokio::net::TcpListener::bind(config.http_listen)
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {}", config.http_listen))?;
+    info!(
+        grpc = %grpc_listener.local_addr()?,
+        http = %http_listener.local_addr()?,
+        shard = config.shard_index,
+        shards = config.shard_count,
+        replicas = ?config.replicas.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+        "cohort serve listening"
+    );
+
+    let service = grpc::BatcherService {
+        brain: Arc::clone(&brain),
+        clock,
+        shutdown: stop_rx.clone(),
+    };
+    let grpc = tokio::spawn({
+        let mut stop = stop_rx.clone();
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+        tonic::transport::Server::builder()
+            .add_service(cohort_proto::batcher_server::BatcherServer::new(service))
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+    });
+    let http = tokio::spawn({
+        let mut stop = stop_rx.clone();
+        let router = http::router(http::HttpState {
+            brain: Arc::clone(&brain),
+            clock,
+            ready: Arc::clone(&ready),
+        });
+        async move {
+            axum::serve(http_listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+        }
+    });
+    let upkeep = tokio::spawn({
+        let brain = Arc::clone(&brain);
+        let mut stop = stop_rx.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => brain.expire(clock.now_ms()),
+                    _ = stop.wait_for(|s| *s) => break,
+                }
+            }
+        }
+    });
+    ready.store(true, Ordering::SeqCst);
+
+    shutdown_signal().await;
+    info!("cohort serve draining");
+    ready.store(false, Ordering::SeqCst);
+    let _ = stop_tx.send(true);
+    let drain = Duration::from_secs(config.drain_s);
+    let joined = tokio::time::timeout(drain, async {
+        let (grpc, http, _) = tokio::join!(grpc, http, upkeep);
+        grpc.context("gRPC server task")?.context("gRPC server")?;
+        http.context("HTTP server task")?.context("HTTP server")?;
+        anyhow::Ok(())
+    })
+    .await;
+    match joined {
+        Ok(result) => result?,
+        Err(_) => tracing::warn!("drain took longer than {drain:?}; exiting"),
+    }
+    info!("cohort serve stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+}

@@ -1,0 +1,162 @@
+//! A real `cohort serve` process for one test: started on given ports, ready when its
+//! `/readyz` answers 200, read through `/metrics`, stopped with SIGTERM, or killed with
+//! SIGKILL to test what the filter does when the batcher vanishes.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `cohort` binary built with this test (`target/<profile>/cohort`), or `COHORT_BIN`.
+pub fn binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("COHORT_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> → target/<profile>/cohort
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("cohort"))
+        .expect("target directory");
+    assert!(
+        path.exists(),
+        "{}: not built; run `cargo build -p cohort-batcher` (cargo test --workspace does)",
+        path.display()
+    );
+    path
+}
+
+/// How to start one batcher.
+#[derive(Debug, Clone)]
+pub struct BatcherSpec {
+    pub grpc_port: u16,
+    pub http_port: u16,
+    pub replicas: Vec<String>,
+    pub shard_index: u32,
+    pub shard_count: u32,
+}
+
+/// A running batcher; killed when dropped.
+pub struct Batcher {
+    child: Option<Child>,
+    pub spec: BatcherSpec,
+    log: PathBuf,
+}
+
+impl Batcher {
+    pub fn start(spec: BatcherSpec) -> Batcher {
+        let log = std::env::temp_dir().join(format!(
+            "cohort-batcher-{}-{}.log",
+            std::process::id(),
+            spec.grpc_port
+        ));
+        let mut batcher = Batcher {
+            child: None,
+            spec,
+            log,
+        };
+        batcher.spawn();
+        batcher
+    }
+
+    fn spawn(&mut self) {
+        let spec = &self.spec;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(binary())
+            .arg("serve")
+            .args(["--grpc-listen", &format!("127.0.0.1:{}", spec.grpc_port)])
+            .args(["--http-listen", &format!("127.0.0.1:{}", spec.http_port)])
+            .args(["--shard-index", &spec.shard_index.to_string()])
+            .args(["--shard-count", &spec.shard_count.to_string()])
+            .args(["--replica", &spec.replicas.join(",")])
+            .env_remove("COHORT_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start cohort serve");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(response) =
+                crate::client::request(self.spec.http_port, "GET", "/readyz", &[], b"")
+            {
+                if response.status == 200 {
+                    return;
+                }
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("cohort serve exited with {status}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("cohort serve not ready in 20 s:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The `/metrics` page.
+    pub fn metrics(&self) -> String {
+        crate::client::request(self.spec.http_port, "GET", "/metrics", &[], b"")
+            .map(|r| r.text())
+            .unwrap_or_default()
+    }
+
+    /// One sample of `/metrics` by its full name with labels (`name` or `name{l="v"}`).
+    pub fn metric(&self, series: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .find_map(|line| {
+                let (name, value) = line.rsplit_once(' ')?;
+                (name == series).then(|| value.parse().ok()).flatten()
+            })
+            .unwrap_or(0.0)
+    }
+
+    /// SIGKILL: the batcher vanishes without a goodbye.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again with the same ports and settings (a pod restarted in place).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// SIGTERM and wait: the graceful path.
+    pub fn terminate(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        child.wait().ok()
+    }
+}
+
+impl Drop for Batcher {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

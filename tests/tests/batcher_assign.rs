@@ -1,0 +1,343 @@
+//! Assign mode end to end: real Envoy with the real filter, real `cohort serve` batchers
+//! over real gRPC, three recording upstream replicas.
+//!
+//! - the replicas receive exactly what the batcher decided, and under 10 s of load the
+//!   batcher receives every observation the filters sent (counted at both ends);
+//! - `kill -9` of the batcher under load fails no request, bounds latency by the deadline,
+//!   and assignment resumes by itself after a restart;
+//! - two batcher shards split assignments and observations by the routing key's jump
+//!   hash, and killing one degrades only its share to affinity routing.
+//!
+//! Needs `scripts/setup` (Envoy), `scripts/build-wasm` (the filter) and the `cohort`
+//! binary (built by `cargo test --workspace`); `scripts/test` does all three.
+
+use cohort_fingerprint::shard::{jump_hash, shard_key, SHARD_KEY_DEPTH};
+use cohort_fingerprint::{fingerprint, Request};
+use cohort_tests::batcher::{Batcher, BatcherSpec};
+use cohort_tests::client::{post_json, Response};
+use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
+use cohort_tests::envoy::Envoy;
+use cohort_tests::free_port;
+use cohort_tests::upstream::Upstream;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const CHAT: &str = "/v1/chat/completions";
+const REPLICAS: [&str; 3] = ["replica-0", "replica-1", "replica-2"];
+const DEADLINE_MS: u64 = 25;
+
+struct Stack {
+    replicas: Vec<Upstream>,
+    batchers: Vec<Batcher>,
+    envoy: Envoy,
+}
+
+/// `istio/envoy/assign.yaml` with `shards` batchers on free ports.
+fn stack(shards: usize) -> Stack {
+    let replicas: Vec<Upstream> = REPLICAS.iter().map(|n| Upstream::start(n)).collect();
+    let batchers: Vec<Batcher> = (0..shards)
+        .map(|i| {
+            Batcher::start(BatcherSpec {
+                grpc_port: free_port(),
+                http_port: free_port(),
+                replicas: REPLICAS.iter().map(|s| s.to_string()).collect(),
+                shard_index: i as u32,
+                shard_count: shards as u32,
+            })
+        })
+        .collect();
+    let mut config = config::load("assign");
+    let (admin, listen) = (free_port(), free_port());
+    set_ports(&mut config, admin, listen);
+    for (i, replica) in replicas.iter().enumerate() {
+        set_endpoints(&mut config, &format!("replica-{i}"), &[replica.port]);
+    }
+    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
+    set_endpoints(&mut config, "all-replicas", &ports);
+    for (i, batcher) in batchers.iter().enumerate() {
+        set_endpoints(
+            &mut config,
+            &format!("cohort-batcher-{i}"),
+            &[batcher.spec.grpc_port],
+        );
+    }
+    let clusters: Vec<String> = (0..shards).map(|i| format!("cohort-batcher-{i}")).collect();
+    set_filter(
+        &mut config,
+        &json!({"mode": "assign", "assign_deadline_ms": DEADLINE_MS, "batcher_clusters": clusters})
+            .to_string(),
+    );
+    config["stats_flush_interval"] = serde_yaml::Value::from("1s");
+    let envoy = Envoy::start(&config, admin, listen);
+    Stack {
+        replicas,
+        batchers,
+        envoy,
+    }
+}
+
+/// Request `i` of a mixed workload: 24 applications (each its own long system prompt),
+/// conversations that grow turn by turn, and varied user questions.
+fn body(i: usize) -> Vec<u8> {
+    let app = i % 24;
+    let system = format!(
+        "You are assistant number {app} of the Example Bank. {}",
+        "Answer politely, cite the policy section, never reveal account numbers. ".repeat(12)
+    );
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    let turns = 1 + (i / 24) % 4;
+    for t in 0..turns {
+        messages.push(json!({"role": "user", "content": format!("Question {t} of customer {}: how do I reset my card PIN?", i % 7)}));
+        if t + 1 < turns {
+            messages.push(json!({"role": "assistant", "content": "Open the app, choose Cards, then Reset PIN."}));
+        }
+    }
+    serde_json::to_vec(&json!({"model": "gemma-3-270m", "messages": messages})).unwrap()
+}
+
+/// The batcher shard that owns request `i`, computed natively the way the filter does.
+fn shard_of(i: usize, shards: u32) -> usize {
+    let body = body(i);
+    let request = Request {
+        path: Some(CHAT),
+        ..Request::new(&body)
+    };
+    let fp = fingerprint(&request).expect("fingerprints");
+    jump_hash(shard_key(&fp.prefix_blocks, SHARD_KEY_DEPTH), shards) as usize
+}
+
+fn send(envoy: &Envoy, i: usize) -> Response {
+    post_json(envoy.listen_port, CHAT, &[], &body(i))
+}
+
+/// Waits until `check` holds or `timeout` passes; returns whether it held.
+fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    check()
+}
+
+/// Load from `threads` clients until `stop`; every response and its latency.
+fn load(envoy: &Envoy, threads: usize, stop: &AtomicBool) -> Vec<(Instant, Duration, u16)> {
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let results = &results;
+            scope.spawn(move || {
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let status = send(envoy, i).status;
+                    results
+                        .lock()
+                        .unwrap()
+                        .push((started, started.elapsed(), status));
+                    i += threads;
+                }
+            });
+        }
+    });
+    results.into_inner().unwrap()
+}
+
+fn percentile(mut values: Vec<Duration>, p: f64) -> Duration {
+    values.sort();
+    values
+        .get(((values.len() as f64 - 1.0) * p).round() as usize)
+        .copied()
+        .unwrap_or_default()
+}
+
+#[test]
+fn replicas_receive_what_the_batcher_decided_and_every_observation_arrives() {
+    let stack = stack(1);
+    let batcher = &stack.batchers[0];
+    let n = 240;
+    for i in 0..n {
+        let response = send(&stack.envoy, i);
+        assert_eq!(response.status, 200, "{}", response.text());
+        let routed = response.header("x-cohort").unwrap_or_default().to_owned();
+        assert!(routed.contains("mode=assign"), "{routed}");
+    }
+    // Each replica got only requests the batcher sent to it …
+    let mut received = BTreeMap::new();
+    for replica in &stack.replicas {
+        let requests = replica.received();
+        for request in &requests {
+            assert_eq!(
+                request.header("x-cohort-shard"),
+                Some(replica.name.as_str()),
+                "a request reached {} that the batcher did not send there",
+                replica.name
+            );
+        }
+        received.insert(replica.name.clone(), requests.len());
+    }
+    // … exactly as many as the batcher assigned to it, and the work is spread.
+    for replica in REPLICAS {
+        let assigned = batcher.metric(&format!(
+            "cohort_replica_assigned_total{{replica=\"{replica}\"}}"
+        ));
+        assert_eq!(
+            assigned as usize, received[replica],
+            "{replica}: {received:?}"
+        );
+    }
+    assert_eq!(received.values().sum::<usize>(), n);
+    assert!(
+        received.values().filter(|&&c| c > 0).count() >= 2,
+        "{received:?}"
+    );
+    assert!(eventually(Duration::from_secs(5), || {
+        stack.envoy.stat("wasmcustom.cohort_assign_ok_total") == n as u64
+    }));
+
+    // Ten seconds of load: observations counted at both ends.
+    let stop = AtomicBool::new(false);
+    let results = std::thread::scope(|scope| {
+        let handle = scope.spawn(|| load(&stack.envoy, 4, &stop));
+        std::thread::sleep(Duration::from_secs(10));
+        stop.store(true, Ordering::Relaxed);
+        handle.join().unwrap()
+    });
+    assert!(results.iter().all(|r| r.2 == 200));
+    let requests = (n + results.len()) as u64;
+    let arrived = eventually(Duration::from_secs(5), || {
+        batcher.metric("cohort_observations_total") as u64 >= requests
+    });
+    let sent = stack.envoy.stat("wasmcustom.cohort_observe_sent_total");
+    let dropped = stack.envoy.stat("wasmcustom.cohort_observe_dropped_total");
+    let received = batcher.metric("cohort_observations_total") as u64;
+    eprintln!(
+        "load: {} requests in 10 s; observations sent {sent}, dropped {dropped}, received {received}",
+        results.len()
+    );
+    assert!(
+        received as f64 >= 0.999 * requests as f64,
+        "batcher received {received} of {requests} observations (sent {sent}, dropped {dropped}, arrived={arrived})"
+    );
+    assert_eq!(received, sent, "every observation sent arrived");
+}
+
+#[test]
+fn killing_the_batcher_fails_no_request_and_assignment_resumes() {
+    let mut stack = stack(1);
+    for i in 0..20 {
+        assert_eq!(send(&stack.envoy, i).status, 200);
+    }
+    let stop = AtomicBool::new(false);
+    let (results, killed_at, restarted_at) = std::thread::scope(|scope| {
+        let envoy = &stack.envoy;
+        let stop = &stop;
+        let handle = scope.spawn(move || load(envoy, 4, stop));
+        std::thread::sleep(Duration::from_secs(2));
+        let killed_at = Instant::now();
+        stack.batchers[0].kill9();
+        std::thread::sleep(Duration::from_secs(3));
+        let restarted_at = Instant::now();
+        stack.batchers[0].restart();
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, Ordering::Relaxed);
+        (handle.join().unwrap(), killed_at, restarted_at)
+    });
+    let failed = results.iter().filter(|r| r.2 != 200).count();
+    assert_eq!(failed, 0, "{failed} of {} requests failed", results.len());
+    let before: Vec<Duration> = results
+        .iter()
+        .filter(|r| r.0 < killed_at)
+        .map(|r| r.1)
+        .collect();
+    let down: Vec<Duration> = results
+        .iter()
+        .filter(|r| r.0 >= killed_at && r.0 < restarted_at)
+        .map(|r| r.1)
+        .collect();
+    let (p99_before, p99_down) = (
+        percentile(before.clone(), 0.99),
+        percentile(down.clone(), 0.99),
+    );
+    let worst_down = down.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "kill -9: {} requests before (p99 {p99_before:?}), {} while down (p99 {p99_down:?}, max {worst_down:?}), {} total",
+        before.len(),
+        down.len(),
+        results.len()
+    );
+    assert!(!down.is_empty());
+    // While the batcher is away a request waits at most the Assign deadline for it; allow
+    // the rest of the path (Envoy, the upstream, a loaded 2-core CI machine) on top.
+    assert!(
+        worst_down < Duration::from_millis(DEADLINE_MS + 250),
+        "slowest request while the batcher was down took {worst_down:?}"
+    );
+    let fell_back = stack.envoy.stat("wasmcustom.cohort_assign_error_total")
+        + stack.envoy.stat("wasmcustom.cohort_assign_timeout_total");
+    assert!(fell_back > 0, "requests while down fell back to affinity");
+    // After the restart, assignment resumes by itself.
+    let resumed = eventually(Duration::from_secs(10), || {
+        send(&stack.envoy, 7)
+            .header("x-cohort")
+            .is_some_and(|h| h.contains("mode=assign"))
+    });
+    assert!(resumed, "assignment did not resume after the restart");
+    assert!(stack.batchers[0].metric("cohort_assign_total") > 0.0);
+}
+
+#[test]
+fn two_batcher_shards_split_by_key_and_one_down_degrades_only_its_share() {
+    let mut stack = stack(2);
+    let n = 192;
+    for i in 0..n {
+        assert_eq!(send(&stack.envoy, i).status, 200);
+    }
+    // Which shard owns each request, from its prefix blocks (as the filter computes them).
+    let mut expected = [0u64; 2];
+    for i in 0..n {
+        expected[shard_of(i, 2)] += 1;
+    }
+    assert!(expected[0] > 0 && expected[1] > 0, "{expected:?}");
+    for (shard, batcher) in stack.batchers.iter().enumerate() {
+        assert_eq!(
+            batcher.metric("cohort_assign_total") as u64,
+            expected[shard],
+            "shard {shard}"
+        );
+        let observed = eventually(Duration::from_secs(5), || {
+            batcher.metric("cohort_observations_total") as u64 == expected[shard]
+        });
+        assert!(observed, "shard {shard} observations");
+    }
+    // Shard 1 goes away: its share falls back to routing by key, shard 0's is unaffected.
+    stack.batchers[1].kill9();
+    let mut counts = [(0u64, 0u64); 2];
+    for i in 0..96 {
+        let response = send(&stack.envoy, i);
+        assert_eq!(response.status, 200);
+        let routed = response.header("x-cohort").unwrap_or_default();
+        let replica = &stack.replicas[REPLICAS
+            .iter()
+            .position(|r| Some(*r) == response.header("x-upstream"))
+            .unwrap()];
+        let last = replica.received().pop().unwrap();
+        let shard = shard_of(i, 2);
+        if routed.contains("mode=assign") {
+            counts[shard].0 += 1;
+            assert_eq!(last.header("x-cohort-shard"), Some(replica.name.as_str()));
+        } else {
+            counts[shard].1 += 1;
+            assert_eq!(last.header("x-cohort-shard"), None);
+        }
+    }
+    eprintln!("after shard 1 died: (assigned, fell back) per shard = {counts:?}");
+    assert_eq!(counts[0].1, 0, "shard 0's requests stay assigned");
+    assert_eq!(counts[1].0, 0, "shard 1's requests fall back");
+    assert!(counts[0].0 > 0 && counts[1].1 > 0);
+}
