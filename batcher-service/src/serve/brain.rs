@@ -79,6 +79,7 @@ impl Brain {
         // and a load window S times as long (what the shard replay measures).
         let policy = PolicyConfig {
             balance: config.policy.balance,
+            balance_slack: config.policy.balance_slack_tokens,
             load_half_life_ms: config.policy.load_half_life_ms * shards as u64,
             ..PolicyConfig::new(
                 config.replicas.len(),
@@ -365,4 +366,131 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::config::Replica;
+
+    fn brain(replicas: usize, shard_count: u32) -> Brain {
+        let config = ServeConfig {
+            replicas: (0..replicas)
+                .map(|i| Replica {
+                    name: format!("r{i}"),
+                })
+                .collect(),
+            shard_count,
+            ..ServeConfig::default()
+        };
+        Brain::new(&config)
+    }
+
+    fn fingerprint(blocks: Vec<u64>, sketch: [i8; 32]) -> pb::Fingerprint {
+        pb::Fingerprint {
+            key: blocks[0],
+            blocks,
+            sketch: sketch.iter().map(|&v| v as u8).collect(),
+            sketch_version: SKETCH_VERSION,
+            prompt_bytes: 4096,
+            ..Default::default()
+        }
+    }
+
+    fn assign(brain: &Brain, blocks: Vec<u64>, sketch: [i8; 32], tenant: &str) -> pb::AssignReply {
+        let request = pb::AssignRequest {
+            fingerprint: Some(fingerprint(blocks, sketch)),
+            tenant: tenant.into(),
+            ..Default::default()
+        };
+        brain.assign(&request, 1_000).unwrap()
+    }
+
+    fn observe(brain: &Brain, blocks: Vec<u64>, sketch: [i8; 32], tenant: &str, shard: &str) {
+        let batch = pb::ObservationBatch {
+            observations: vec![pb::Observation {
+                fingerprint: Some(fingerprint(blocks, sketch)),
+                tenant: tenant.into(),
+                shard: shard.into(),
+                ..Default::default()
+            }],
+            dropped: 2,
+        };
+        brain.observe(&batch, 1_000);
+    }
+
+    fn sketch(seed: i8) -> [i8; 32] {
+        std::array::from_fn(|i| if (i as i8 + seed) % 3 == 0 { 90 } else { -40 })
+    }
+
+    #[test]
+    fn a_shared_prefix_goes_back_to_its_replica() {
+        let brain = brain(3, 1);
+        let first = assign(&brain, vec![1, 2, 3, 4], sketch(0), "t");
+        let again = assign(&brain, vec![1, 2, 3, 4, 5], sketch(0), "t");
+        assert_eq!(first.shard, again.shard);
+        assert_eq!(again.matched_blocks, 4);
+        assert_eq!(again.reason, "prefix");
+        assert!(["r0", "r1", "r2"].contains(&first.shard.as_str()));
+    }
+
+    #[test]
+    fn observations_build_cohorts_per_tenant_and_fill_the_store() {
+        let brain = brain(2, 1);
+        assert_eq!(
+            assign(&brain, vec![7], sketch(1), "a").cluster,
+            "",
+            "no cohort yet"
+        );
+        observe(&brain, vec![7], sketch(1), "a", "r1");
+        observe(&brain, vec![8], sketch(1), "a", "r0");
+        let cluster = assign(&brain, vec![9], sketch(1), "a").cluster;
+        assert_eq!(cluster.len(), 8, "joined the observed cohort: {cluster:?}");
+        assert_eq!(
+            assign(&brain, vec![9], sketch(1), "b").cluster,
+            "",
+            "other tenant"
+        );
+        let status = brain.status(1_000);
+        assert_eq!(status.observations, 2);
+        assert_eq!(status.dropped_reported, 4);
+        assert_eq!(status.store_entries, 2);
+        assert_eq!(status.cohorts, 1);
+        let metrics = brain.metrics(1_000);
+        assert!(
+            metrics.contains("cohort_observations_total 2\n"),
+            "{metrics}"
+        );
+        assert!(metrics.contains("cohort_store_entries 2\n"));
+        assert!(metrics.contains("cohort_replica_assigned_total{replica=\"r0\"}"));
+    }
+
+    #[test]
+    fn bad_requests_are_refused_or_routed_on_prefix_alone() {
+        let brain = brain(2, 2);
+        let empty = pb::AssignRequest::default();
+        assert_eq!(brain.assign(&empty, 0), Err(BrainError::NoFingerprint));
+        // A sketch of an unknown version, or of the wrong length, is ignored.
+        let mut fp = fingerprint(vec![3], sketch(2));
+        fp.sketch_version = 99;
+        let request = pb::AssignRequest {
+            fingerprint: Some(fp.clone()),
+            ..Default::default()
+        };
+        assert_eq!(brain.assign(&request, 0).unwrap().cluster, "");
+        fp.sketch_version = SKETCH_VERSION;
+        fp.sketch.truncate(5);
+        let batch = pb::ObservationBatch {
+            observations: vec![pb::Observation {
+                fingerprint: Some(fp),
+                ..Default::default()
+            }],
+            dropped: 0,
+        };
+        brain.observe(&batch, 0);
+        assert!(brain
+            .metrics(0)
+            .contains("cohort_observations_unknown_sketch_version_total 1\n"));
+        assert_eq!(brain.status(0).shard_count, 2);
+    }
 }

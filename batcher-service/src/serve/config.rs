@@ -41,6 +41,10 @@ pub struct Replica {
 pub struct PolicySection {
     /// Balance bound: a replica is eligible while under `balance` × the mean load.
     pub balance: f64,
+    /// Work (tokens) a replica may carry above `balance` × the mean before it stops taking
+    /// its prefixes: without it a quiet fleet (a few requests in the load window) would
+    /// spread every request, since one request alone puts a replica far above the mean.
+    pub balance_slack_tokens: f64,
     /// Half-life of the assigned-work load estimate, ms (for one batcher; each of `S`
     /// shards sees 1/S of the decisions, so its half-life is `S` times this).
     pub load_half_life_ms: u64,
@@ -54,6 +58,7 @@ impl Default for PolicySection {
         let policy = cohort_batcher_core::policy::PolicyConfig::default();
         PolicySection {
             balance: policy.balance,
+            balance_slack_tokens: 4096.0,
             load_half_life_ms: policy.load_half_life_ms,
             kv_blocks_per_replica: 16_384,
         }
@@ -160,6 +165,8 @@ pub enum ConfigError {
     Shard { index: u32, count: u32 },
     #[error("policy.balance must be at least 1.0, got {0}")]
     Balance(f64),
+    #[error("policy.balance_slack_tokens must be a finite number ≥ 0, got {0}")]
+    Slack(f64),
 }
 
 fn is_plain_name(value: &str) -> bool {
@@ -241,6 +248,10 @@ impl ServeConfig {
         }
         if self.policy.balance.is_nan() || self.policy.balance < 1.0 {
             return Err(ConfigError::Balance(self.policy.balance));
+        }
+        let slack = self.policy.balance_slack_tokens;
+        if !slack.is_finite() || slack < 0.0 {
+            return Err(ConfigError::Slack(slack));
         }
         Ok(())
     }
