@@ -7,18 +7,29 @@
 //!
 //! | layout | entries | batch | queries/s (1 core) | p99 latency per call | bytes/entry (stats) | bytes/entry (allocator) |
 //! |---|---:|---:|---:|---:|---:|---:|
-//! | CpuStore | 1000000 | 1 | 274 | 4.22 ms | 60.3 | 60.3 |
-//! | CpuStore | 1000000 | 64 | 1676 | 38.95 ms | 60.3 | 60.3 |
+//! | CpuStore | 1000000 | 1 | 307 | 3.63 ms | 60.3 | 60.3 |
+//! | CpuStore | 1000000 | 64 | 2149 | 30.58 ms | 60.3 | 60.3 |
 //! | lru::LruCache (naive scan) | 1000000 | 1 | 173 | 6.32 ms | — | 107.7 |
 //!
-//! Memory meets the ≤ 64 B/entry goal (60.3, index included; `stats().bytes` agrees with
-//! the counting allocator to 0.1 B). Throughput does not yet meet the 2,000 queries/s goal:
-//! batch 64 gives 1,676/s (84%). At batch 1 a query streams 40 MB (sketch + tenant +
-//! expiry of 1 M entries), ~11 GB/s, the core's memory bandwidth; at batch 64 the scan is
-//! compute bound on `vpmaddwd` (measured at ~5 G/s with its adds on this core, i.e. ~2,500
-//! full 32-dim queries/s over 1 M entries at best) and the Cauchy–Schwarz pruning of the
-//! kernel (see `kernel`) saves about a third of the multiplies on clustered data. Without
-//! AVX2 the portable kernel gives the same answers more slowly.
+//! Both goals are met: memory ≤ 64 B/entry (60.3, index included; `stats().bytes` agrees
+//! with the counting allocator to 0.1 B) and ≥ 2,000 queries/s at batch 64 (2,149/s; the
+//! previous version, run interleaved with this one on the same machine, gave 1,754–1,780/s,
+//! this one 2,069–2,172/s; the machine is shared, so runs vary by ~5%). At batch 1 a query
+//! streams 40 MB (sketch + tenant + expiry of 1 M entries), ~11 GB/s, the core's memory
+//! bandwidth; at batch 64 the scan is compute bound on `vpmaddwd` (with the Cauchy–Schwarz
+//! pruning of the kernel, see `kernel`). So few query × tile pairs hold a candidate (under
+//! 0.5% on clustered data) that the selection pass now walks only the tiles the kernel
+//! flags (a `u64` per query and page) instead of all 64 candidate bytes: that was the
+//! last 20%. Without AVX2 the portable kernel gives the same answers more slowly.
+//!
+//! Tried and not kept (slower here, on Zen 3 with AVX2 only): `vpmaddubsw` with the sign
+//! trick (32 products an instruction, but with `vpsignb`, `vpabsb` and the widening
+//! `vpmaddwd` by ones it issues as many multiplier µops as the `i16` pairs and more µops in
+//! all: 1,630/s against 1,780/s for the `i16` kernel, both before the selection change);
+//! widening its pairs with shifts instead (1,314/s); pruning per query × tile in a second
+//! pass (1,290–1,614/s with the selection change: the bookkeeping outweighs the saved
+//! multiplies); a third pruning stage at 8 dims (no gain); blocks of 2 × 2 or 2 × 4 instead
+//! of 4 queries × 2 tiles (no gain).
 //!
 //! # Layout
 //! Keys hash (splitmix64) to one of N shards, each behind its own `RwLock`: inserts lock
@@ -51,10 +62,11 @@
 //!
 //! # Top-k
 //! Per shard and page: one pass computes which slots are live entries of the tenant (a
-//! bitmask per tile), the kernel scores the page against up to 64 queries at a time, and a
-//! selection pass offers only the scores at or above each query's current k-th best to a
-//! bounded heap ([`TopK`]). Every page is read once per batch, which is where batching
-//! pays: at batch 1 a scan is bound by memory bandwidth, at batch 64 by `vpmaddwd`.
+//! bitmask per tile), the kernel scores the page against up to 64 queries at a time and
+//! flags, per query, the tiles holding candidates (scores at or above the query's current
+//! k-th best), and a selection pass offers only those to a bounded heap ([`TopK`]). Every
+//! page is read once per batch, which is where batching pays: at batch 1 a scan is bound
+//! by memory bandwidth, at batch 64 by `vpmaddwd`.
 
 use super::index::{mix, SlotIndex};
 use super::kernel::{self, pack_query, QueryPairs, Tile, TILE};
@@ -65,6 +77,8 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// Slots per page.
 pub const PAGE: usize = 512;
 const TILES_PER_PAGE: usize = PAGE / TILE;
+// `kernel::scores` reports candidate tiles in a `u64` per query.
+const _: () = assert!(TILES_PER_PAGE <= 64);
 /// Queries scored together against one page (the score buffer is this × `PAGE` × 4 bytes).
 const QUERY_GROUP: usize = 64;
 /// Bytes an entry is planned at when the capacity is given in bytes (55 in the page, ≤ 7.5
@@ -358,6 +372,7 @@ impl Shard {
                     PAGE,
                     &mut buf.cands,
                     TILES_PER_PAGE,
+                    &mut buf.tile_masks,
                 );
                 if !ok {
                     continue;
@@ -365,7 +380,7 @@ impl Shard {
                 for (q, top) in tops.iter_mut().enumerate() {
                     let cands = &buf.cands[q * TILES_PER_PAGE..q * TILES_PER_PAGE + tiles.len()];
                     let row = &buf.scores[q * PAGE..q * PAGE + tiles.len() * TILE];
-                    select(page, cands, first, row, top);
+                    select(page, cands, buf.tile_masks[q], first, row, top);
                 }
             }
         }
@@ -377,6 +392,8 @@ struct ScanBuffers {
     floors: Vec<i32>,
     scores: Vec<i32>,
     cands: Vec<u8>,
+    /// Per query, bit t set when tile t has a candidate.
+    tile_masks: Vec<u64>,
 }
 
 impl ScanBuffers {
@@ -386,16 +403,20 @@ impl ScanBuffers {
             floors: Vec::with_capacity(group),
             scores: vec![0; group * PAGE],
             cands: vec![0; group * TILES_PER_PAGE],
+            tile_masks: vec![0; group],
         }
     }
 }
 
 /// Offer the candidates of one page row (scores ≥ the floor when the page was scored)
-/// that can still enter `top`.
+/// that can still enter `top`; `tiles` has bit t set when `cands[t]` is not zero.
 #[inline]
-fn select(page: &Page, cands: &[u8], first_tile: usize, row: &[i32], top: &mut TopK) {
-    for (t, &c) in cands.iter().enumerate() {
-        let mut bits = c;
+fn select(page: &Page, cands: &[u8], tiles: u64, first_tile: usize, row: &[i32], top: &mut TopK) {
+    let mut tiles = tiles;
+    while tiles != 0 {
+        let t = tiles.trailing_zeros() as usize;
+        tiles &= tiles - 1;
+        let mut bits = cands[t];
         while bits != 0 {
             let j = bits.trailing_zeros() as usize;
             bits &= bits - 1;

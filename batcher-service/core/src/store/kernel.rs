@@ -121,9 +121,11 @@ fn clip(n: usize, out: &mut [u8]) {
 }
 
 /// Scores of every entry of `tiles` against every query: `scores[q * stride + e]` for
-/// entry `e = tile * 8 + j`; and candidate masks `cands[q * cand_stride + tile]`: the bits
-/// of `live[tile]` whose score is ≥ `floors[q]`. Returns false (and writes nothing) when a
-/// buffer is too small.
+/// entry `e = tile * 8 + j`; candidate masks `cands[q * cand_stride + tile]`: the bits of
+/// `live[tile]` whose score is ≥ `floors[q]`; and `tile_masks[q]`: bit `tile` set when
+/// that tile has a candidate. Only candidates' scores are guaranteed to be written.
+/// Returns false (and writes nothing) when a buffer is too small or there are more than
+/// 64 tiles.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scores(
     tiles: &[Tile],
@@ -134,6 +136,7 @@ pub(crate) fn scores(
     stride: usize,
     cands: &mut [u8],
     cand_stride: usize,
+    tile_masks: &mut [u64],
 ) -> bool {
     let nt = tiles.len();
     let width = nt * TILE;
@@ -147,6 +150,8 @@ pub(crate) fn scores(
         || cands.len() < (nq - 1) * cand_stride + nt
         || floors.len() < nq
         || live.len() < nt
+        || tile_masks.len() < nq
+        || nt > 64
     {
         return false;
     }
@@ -166,6 +171,10 @@ pub(crate) fn scores(
                     cand_stride,
                 )
             };
+            for (q, m) in tile_masks[..nq].iter_mut().enumerate() {
+                // SAFETY: AVX2 is available; the row is within `cands` (checked above).
+                *m = unsafe { avx2::nonzero_mask(&cands[q * cand_stride..q * cand_stride + nt]) };
+            }
             return true;
         }
     }
@@ -179,7 +188,18 @@ pub(crate) fn scores(
         cands,
         cand_stride,
     );
+    for (q, m) in tile_masks[..nq].iter_mut().enumerate() {
+        *m = nonzero_mask(&cands[q * cand_stride..q * cand_stride + nt]);
+    }
     true
+}
+
+/// Bit i set when `row[i]` is not zero (`row` holds at most 64 bytes).
+fn nonzero_mask(row: &[u8]) -> u64 {
+    row.iter()
+        .take(64)
+        .enumerate()
+        .fold(0, |m, (i, &c)| m | u64::from(c != 0) << i)
 }
 
 /// The portable kernel (also the reference of the AVX2 one).
@@ -421,6 +441,29 @@ mod avx2 {
         finish::<QB, TB>(&acc, q0, t0, out);
     }
 
+    /// Bit i set when `row[i]` is not zero (`row` holds at most 64 bytes).
+    ///
+    /// # Safety
+    /// AVX2 must be available.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn nonzero_mask(row: &[u8]) -> u64 {
+        let n = row.len().min(64);
+        let mut m = 0u64;
+        let mut i = 0;
+        let zero = _mm256_setzero_si256();
+        while i + 32 <= n {
+            let v = _mm256_loadu_si256(row[i..].as_ptr() as *const __m256i);
+            let z = _mm256_movemask_epi8(_mm256_cmpeq_epi8(v, zero)) as u32;
+            m |= u64::from(!z) << i;
+            i += 32;
+        }
+        while i < n {
+            m |= u64::from(row[i] != 0) << i;
+            i += 1;
+        }
+        m
+    }
+
     /// Store scores and candidate masks of a finished block.
     #[target_feature(enable = "avx2")]
     unsafe fn finish<const QB: usize, const TB: usize>(
@@ -523,6 +566,7 @@ mod tests {
             let mut slow = vec![0; nq * stride];
             let mut fast_c = vec![0u8; nq * nt];
             let mut slow_c = vec![0u8; nq * nt];
+            let mut fast_m = vec![0u64; nq];
             assert!(scores(
                 &tiles,
                 &qs,
@@ -531,8 +575,13 @@ mod tests {
                 &mut fast,
                 stride,
                 &mut fast_c,
-                nt
+                nt,
+                &mut fast_m
             ));
+            for q in 0..nq {
+                let want = (0..nt).fold(0u64, |m, t| m | u64::from(fast_c[q * nt + t] != 0) << t);
+                assert_eq!(fast_m[q], want);
+            }
             scores_portable(
                 &tiles,
                 &qs,
@@ -570,8 +619,26 @@ mod tests {
             &mut [0; 4],
             8,
             &mut [0],
-            1
+            1,
+            &mut [0]
         ));
+    }
+
+    #[test]
+    fn nonzero_masks_match_portable() {
+        let mut x = 3u64;
+        for n in [0, 1, 31, 32, 33, 63, 64] {
+            let row: Vec<u8> = (0..n)
+                .map(|_| if lcg(&mut x) < 0 { 0 } else { 1 << (x % 8) })
+                .collect();
+            let want = (0..n).fold(0u64, |m, i| m | u64::from(row[i] != 0) << i);
+            assert_eq!(nonzero_mask(&row), want);
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: AVX2 is available.
+                assert_eq!(unsafe { avx2::nonzero_mask(&row) }, want);
+            }
+        }
     }
 
     #[test]
