@@ -24,6 +24,7 @@ use cohort_fingerprint::shard::{jump_hash, shard_key, SHARD_KEY_DEPTH};
 use cohort_fingerprint::sketch::{SemanticMode as CoreMode, SKETCH_VERSION};
 use cohort_fingerprint::Fingerprint;
 use cohort_proto as pb;
+use pb::is_plain_name;
 use std::collections::VecDeque;
 
 /// Observations held per shard while its stream is away.
@@ -81,15 +82,22 @@ fn proto_knobs(plan: &RequestPlan) -> pb::Knobs {
     }
 }
 
-/// The `Assign` request for a fingerprinted request.
-pub fn assign_request(plan: &RequestPlan, fp: &Fingerprint, now_ms: u64) -> pb::AssignRequest {
-    pb::AssignRequest {
+/// What Assign and Observe both say about a request.
+fn request_info(plan: &RequestPlan, fp: &Fingerprint) -> pb::RequestInfo {
+    pb::RequestInfo {
         fingerprint: Some(proto_fingerprint(fp)),
         knobs: Some(proto_knobs(plan)),
         tenant: plan.tenant.clone().unwrap_or_default(),
         session: plan.session.clone().unwrap_or_default(),
         path: plan.path.clone(),
         model: fp.model.clone(),
+    }
+}
+
+/// The `Assign` request for a fingerprinted request.
+pub fn assign_request(plan: &RequestPlan, fp: &Fingerprint, now_ms: u64) -> pb::AssignRequest {
+    pb::AssignRequest {
+        request: Some(request_info(plan, fp)),
         sent_unix_ms: now_ms,
     }
 }
@@ -103,12 +111,7 @@ pub fn observation(
     now_ms: u64,
 ) -> pb::Observation {
     pb::Observation {
-        fingerprint: Some(proto_fingerprint(fp)),
-        knobs: Some(proto_knobs(plan)),
-        tenant: plan.tenant.clone().unwrap_or_default(),
-        session: plan.session.clone().unwrap_or_default(),
-        path: plan.path.clone(),
-        model: fp.model.clone(),
+        request: Some(request_info(plan, fp)),
         observed_unix_ms: now_ms,
         shard: shard.unwrap_or_default().to_owned(),
         mode: mode.as_str().to_owned(),
@@ -124,14 +127,6 @@ pub enum ReplyError {
     BadShard(String),
     #[error("the reply's cluster {0:?} is not a plain cohort id")]
     BadCluster(String),
-}
-
-/// A name safe to put into a header and to match in a route: 1–64 of `[A-Za-z0-9._-]`.
-fn is_plain_name(value: &str) -> bool {
-    (1..=64).contains(&value.len())
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// The batcher's decision, checked.
@@ -344,7 +339,9 @@ mod tests {
     fn assign_request_carries_the_fingerprint() {
         let config = FilterConfig::default();
         let (plan, fp) = fingerprinted(&config, BODY);
-        let request = assign_request(&plan, &fp, 1234);
+        let assign = assign_request(&plan, &fp, 1234);
+        assert_eq!(assign.sent_unix_ms, 1234);
+        let request = assign.request.unwrap();
         let wire = request.fingerprint.as_ref().unwrap();
         assert_eq!(wire.key, fp.routing_key.0);
         assert_eq!(wire.blocks, fp.prefix_blocks);
@@ -353,7 +350,6 @@ mod tests {
         assert_eq!(request.tenant, "tenant-a");
         assert_eq!(request.session, "s-1");
         assert_eq!(request.model, "m");
-        assert_eq!(request.sent_unix_ms, 1234);
         let knobs = request.knobs.unwrap();
         assert_eq!(knobs.cache_ttl_s, 600);
         assert_eq!(knobs.prefetch, pb::Prefetch::Medium as i32);
@@ -367,7 +363,13 @@ mod tests {
             r#"{"model":"m","messages":[{"role":"system","content":"You are a bank."}]}"#,
         );
         let observation = observation(&plan, &fp, Mode::Affinity, None, 1);
-        assert!(observation.fingerprint.unwrap().sketch.is_empty());
+        assert!(observation
+            .request
+            .unwrap()
+            .fingerprint
+            .unwrap()
+            .sketch
+            .is_empty());
         assert_eq!(observation.mode, "affinity");
     }
 

@@ -18,3 +18,13 @@ pub const SERVICE: &str = "cohort.v1.Batcher";
 pub const METHOD_ASSIGN: &str = "Assign";
 pub const METHOD_OBSERVE: &str = "Observe";
 pub const METHOD_STATUS: &str = "Status";
+
+/// Whether `value` is a plain name, safe in a header and a route match: 1–64 of
+/// `[A-Za-z0-9._-]`. Replica names (`x-cohort-shard`) and cohort ids must be plain; the
+/// batcher refuses other replica names at start-up and the filter refuses replies with them.
+pub fn is_plain_name(value: &str) -> bool {
+    (1..=64).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}

@@ -109,10 +109,11 @@ impl Brain {
 
     pub fn assign(
         &self,
-        request: &pb::AssignRequest,
+        assign: &pb::AssignRequest,
         now_ms: u64,
     ) -> Result<pb::AssignReply, BrainError> {
         let started = std::time::Instant::now();
+        let request = assign.request.as_ref().ok_or(BrainError::NoFingerprint)?;
         let fp = request
             .fingerprint
             .as_ref()
@@ -156,7 +157,10 @@ impl Brain {
 
     fn observe_one(&self, observation: &pb::Observation, now_ms: u64) {
         self.counters.observations.fetch_add(1, Ordering::Relaxed);
-        let Some(fp) = &observation.fingerprint else {
+        let Some(request) = &observation.request else {
+            return;
+        };
+        let Some(fp) = &request.fingerprint else {
             return;
         };
         let Some(sketch) = sketch_of(fp) else {
@@ -168,8 +172,8 @@ impl Brain {
             counter.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let knobs = observation.knobs.unwrap_or_default();
-        let tenant = tenant_hash(&observation.tenant);
+        let knobs = request.knobs.unwrap_or_default();
+        let tenant = tenant_hash(&request.tenant);
         let now_s = secs(now_ms);
         let membership =
             lock(&self.cohorts).observe(tenant, &sketch, threshold(knobs.batch_threshold), now_s);
@@ -399,8 +403,11 @@ mod tests {
 
     fn assign(brain: &Brain, blocks: Vec<u64>, sketch: [i8; 32], tenant: &str) -> pb::AssignReply {
         let request = pb::AssignRequest {
-            fingerprint: Some(fingerprint(blocks, sketch)),
-            tenant: tenant.into(),
+            request: Some(pb::RequestInfo {
+                fingerprint: Some(fingerprint(blocks, sketch)),
+                tenant: tenant.into(),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         brain.assign(&request, 1_000).unwrap()
@@ -409,8 +416,11 @@ mod tests {
     fn observe(brain: &Brain, blocks: Vec<u64>, sketch: [i8; 32], tenant: &str, shard: &str) {
         let batch = pb::ObservationBatch {
             observations: vec![pb::Observation {
-                fingerprint: Some(fingerprint(blocks, sketch)),
-                tenant: tenant.into(),
+                request: Some(pb::RequestInfo {
+                    fingerprint: Some(fingerprint(blocks, sketch)),
+                    tenant: tenant.into(),
+                    ..Default::default()
+                }),
                 shard: shard.into(),
                 ..Default::default()
             }],
@@ -474,7 +484,10 @@ mod tests {
         let mut fp = fingerprint(vec![3], sketch(2));
         fp.sketch_version = 99;
         let request = pb::AssignRequest {
-            fingerprint: Some(fp.clone()),
+            request: Some(pb::RequestInfo {
+                fingerprint: Some(fp.clone()),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         assert_eq!(brain.assign(&request, 0).unwrap().cluster, "");
@@ -482,7 +495,10 @@ mod tests {
         fp.sketch.truncate(5);
         let batch = pb::ObservationBatch {
             observations: vec![pb::Observation {
-                fingerprint: Some(fp),
+                request: Some(pb::RequestInfo {
+                    fingerprint: Some(fp),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }],
             dropped: 0,

@@ -23,6 +23,7 @@
 //! from the Endpoints (EndpointSlices) of a Service and update the policy when they change;
 //! the policy already keys everything by replica index, so only a resize hook is missing.
 
+use cohort_proto::is_plain_name;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -167,13 +168,6 @@ pub enum ConfigError {
     Balance(f64),
     #[error("policy.balance_slack_tokens must be a finite number ≥ 0, got {0}")]
     Slack(f64),
-}
-
-fn is_plain_name(value: &str) -> bool {
-    (1..=64).contains(&value.len())
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// The StatefulSet ordinal at the end of a hostname (`cohort-batcher-2` → 2).
