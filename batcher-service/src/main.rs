@@ -1,9 +1,11 @@
 //! `cohort`: the Cohort batcher service and its command-line tools.
 //!
-//! - `cohort serve`: the batcher (gRPC Assign/Observe/Status, /metrics, /healthz, /readyz);
+//! - `cohort serve`: the batcher (gRPC Assign/Observe/Status, /metrics, /healthz, /readyz,
+//!   and batch mode's HTTP front when replicas have URLs);
 //! - `cohort fingerprint`: the fingerprint core over JSONL request logs.
 
 mod commands;
+mod front;
 mod serve;
 
 use clap::{Parser, Subcommand};

@@ -32,7 +32,9 @@ pub enum Mode {
     Affinity,
     /// Ask the batcher for a shard (falls back to affinity on timeout or error).
     Assign,
-    /// Send batchable requests to the batcher's HTTP front.
+    /// As assign, and mark the request `x-cohort-batch: <batcher shard index>` so a route
+    /// sends it to that batcher's HTTP front, which co-batches its cohort (on Assign failure: affinity,
+    /// unmarked, straight to an engine).
     Batch,
 }
 
@@ -55,6 +57,9 @@ pub struct HeaderNames {
     pub fp: String,
     pub cluster: String,
     pub shard: String,
+    /// Batch mode: the index of the batcher shard whose HTTP front should take the
+    /// request (routes match it).
+    pub batch: String,
     pub bypass: String,
     pub response: String,
     pub prefetch: String,
@@ -75,6 +80,7 @@ impl Default for HeaderNames {
             fp: "x-cohort-fp".into(),
             cluster: "x-cohort-cluster".into(),
             shard: "x-cohort-shard".into(),
+            batch: "x-cohort-batch".into(),
             bypass: "x-cohort-bypass".into(),
             response: "x-cohort".into(),
             prefetch: header::PREFETCH.into(),
@@ -90,24 +96,26 @@ impl Default for HeaderNames {
 
 impl HeaderNames {
     /// Headers only the filter may write: a client's values are removed from every request.
-    pub fn reserved(&self) -> [&str; 6] {
+    pub fn reserved(&self) -> [&str; 7] {
         [
             &self.key,
             &self.prefix,
             &self.fp,
             &self.cluster,
             &self.shard,
+            &self.batch,
             &self.bypass,
         ]
     }
 
-    fn all(&self) -> [(&'static str, &str); 14] {
+    fn all(&self) -> [(&'static str, &str); 15] {
         [
             ("key", &self.key),
             ("prefix", &self.prefix),
             ("fp", &self.fp),
             ("cluster", &self.cluster),
             ("shard", &self.shard),
+            ("batch", &self.batch),
             ("bypass", &self.bypass),
             ("response", &self.response),
             ("prefetch", &self.prefetch),

@@ -256,6 +256,9 @@ impl Context for CohortHttp {
         let (shard, fallback) = match (reply, shared.config.as_ref()) {
             (Ok(assignment), Ok(config)) => {
                 let mut headers = vec![(config.headers.shard.clone(), assignment.shard.clone())];
+                if config.mode == Mode::Batch {
+                    headers.push((config.headers.batch.clone(), shard_index.to_string()));
+                }
                 if !assignment.cluster.is_empty() {
                     cluster = assignment.cluster.clone();
                     headers.push((config.headers.cluster.clone(), assignment.cluster));

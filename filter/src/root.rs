@@ -143,9 +143,6 @@ impl RootContext for CohortRoot {
         let bytes = self.get_plugin_configuration().unwrap_or_default();
         let config = match FilterConfig::parse(&bytes) {
             Ok(config) => {
-                if config.mode == crate::config::Mode::Batch {
-                    warn!("cohort: batch mode is not in this build yet; routing in assign mode");
-                }
                 info!("cohort: configured, mode {}", config.mode.as_str());
                 Ok(config)
             }

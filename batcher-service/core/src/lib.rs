@@ -3,12 +3,18 @@
 //! - [`store`]: the fingerprint store (`Store` trait; sharded CPU store with TTL and LRU).
 //! - [`cohorts`]: online clustering of sketches into cohorts.
 //! - [`policy`]: prefix-aware, load-bounded choice of an engine replica.
+//! - [`batch`]: co-batching (which requests share a dispatch, and when each goes).
+//! - [`engines`]: engine adapters (llama.cpp, vLLM, SGLang, TGI, OpenAI, Anthropic).
+//! - [`predict`]: which cohorts come next (for prefetch warm-ups).
 //! - [`replay`]: trace replays that measure the policy against bounds and baselines.
 //!
 //! The gRPC server, the HTTP endpoints and the CLI live in the `cohort-batcher` crate and
 //! stay thin over this one, so every decision here is tested directly with injected time.
 
+pub mod batch;
 pub mod cohorts;
+pub mod engines;
 pub mod policy;
+pub mod predict;
 pub mod replay;
 pub mod store;

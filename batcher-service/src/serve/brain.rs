@@ -380,9 +380,7 @@ mod tests {
     fn brain(replicas: usize, shard_count: u32) -> Brain {
         let config = ServeConfig {
             replicas: (0..replicas)
-                .map(|i| Replica {
-                    name: format!("r{i}"),
-                })
+                .map(|i| Replica::named(&format!("r{i}")))
                 .collect(),
             shard_count,
             ..ServeConfig::default()

@@ -10,6 +10,23 @@
 //!
 //! [[replicas]]                    # engine replicas, by the name the routes match on
 //! name = "replica-0"              # the x-cohort-shard value
+//! url = "http://10.0.0.5:8000"    # batch mode: where the front sends this replica's work
+//! engine = "llamacpp"             # llamacpp | vllm | sglang | tgi | openai | anthropic
+//! slots = 4                       # llama.cpp slots (-np); read from /props when omitted
+//!
+//! [batch]                         # batch mode's HTTP front (on when replicas have urls)
+//! listen = "0.0.0.0:8000"
+//! window_ms = 150
+//! max_batch = 16
+//!
+//! [prefetch]
+//! horizon_ms = 3200
+//! default_level = "medium"        # when a request has no x-cohort-prefetch
+//!
+//! [[lora]]                        # requests for model `name` (or of these cohorts) need it
+//! name = "sql-lora"
+//! path = "/adapters/sql-lora"
+//! cohorts = ["3f2a9c0d1e4b5a67"]  # x-cohort-key values
 //!
 //! [policy]
 //! balance = 1.2                   # a replica takes work while under 1.2 × the mean load
@@ -35,6 +52,125 @@ use thiserror::Error;
 pub struct Replica {
     /// The `x-cohort-shard` value routes match on; 1–64 of `[A-Za-z0-9._-]`.
     pub name: String,
+    /// Base URL of the engine (`http://host:port`), for batch mode's front.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// The engine adapter (see `cohort_batcher_core::engines`).
+    #[serde(default = "default_engine")]
+    pub engine: String,
+    /// Slots (llama.cpp `-np`); `None` = ask the engine.
+    #[serde(default)]
+    pub slots: Option<usize>,
+}
+
+fn default_engine() -> String {
+    "llamacpp".to_owned()
+}
+
+impl Replica {
+    pub fn named(name: &str) -> Replica {
+        Replica {
+            name: name.to_owned(),
+            url: None,
+            engine: default_engine(),
+            slots: None,
+        }
+    }
+}
+
+impl Replica {
+    /// Parses a `--replica` value (see the flag).
+    fn from_flag(spec: &str) -> Replica {
+        let Some((name, target)) = spec.split_once('=') else {
+            return Replica::named(spec);
+        };
+        let mut replica = Replica::named(name);
+        match target.split_once('+') {
+            Some((engine, url)) => {
+                replica.engine = engine.to_owned();
+                replica.url = Some(url.to_owned());
+            }
+            None => replica.url = Some(target.to_owned()),
+        }
+        replica
+    }
+}
+
+/// `[batch]`: batch mode's HTTP front.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchSection {
+    /// Where the front listens (OpenAI and Anthropic APIs).
+    pub listen: SocketAddr,
+    /// How long after a leader others may join its batch, ms.
+    pub window_ms: u64,
+    /// The longest a follower is held for its leader's prefix, ms.
+    pub max_hold_ms: u64,
+    /// Members per batch.
+    pub max_batch: usize,
+    /// Members per batch while the replica's KV cache is above `kv_pressure`.
+    pub max_batch_pressured: usize,
+    /// KV-cache usage (0–1, from engine metrics) that counts as memory pressure.
+    pub kv_pressure: f64,
+    /// Followers held at once, all cohorts; beyond, requests are sent on directly.
+    pub max_held: usize,
+    /// Largest request body the front reads, bytes.
+    pub max_body_bytes: usize,
+    /// Seconds between engine health and metrics scrapes.
+    pub scrape_interval_s: u64,
+}
+
+impl Default for BatchSection {
+    fn default() -> Self {
+        let core = cohort_batcher_core::batch::BatchConfig::default();
+        BatchSection {
+            listen: ([0, 0, 0, 0], 8000).into(),
+            window_ms: core.window_ms,
+            max_hold_ms: core.max_hold_ms,
+            max_batch: core.max_batch,
+            max_batch_pressured: core.max_batch_pressured,
+            kv_pressure: 0.9,
+            max_held: 1024,
+            max_body_bytes: cohort_fingerprint::DEFAULT_MAX_BODY_BYTES,
+            scrape_interval_s: 1,
+        }
+    }
+}
+
+/// `[prefetch]`: warm-ups of predicted cohorts.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrefetchSection {
+    /// Predictions further away than this are ignored, ms.
+    pub horizon_ms: u64,
+    /// Half-life of learned transitions, ms.
+    pub half_life_ms: u64,
+    /// Level when a request has no `x-cohort-prefetch`: high, medium, low or none.
+    pub default_level: String,
+}
+
+impl Default for PrefetchSection {
+    fn default() -> Self {
+        let core = cohort_batcher_core::predict::PredictConfig::default();
+        PrefetchSection {
+            horizon_ms: core.horizon_ms,
+            half_life_ms: core.half_life_ms,
+            default_level: "medium".to_owned(),
+        }
+    }
+}
+
+/// `[[lora]]`: an adapter some cohorts need.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSection {
+    /// The adapter's name (requests ask for it as their `model`).
+    pub name: String,
+    /// Where the engine loads it from.
+    pub path: String,
+    /// Cohorts (`x-cohort-key` values) that use it whatever their `model`.
+    #[serde(default)]
+    pub cohorts: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -98,6 +234,9 @@ pub struct ServeConfig {
     pub replicas: Vec<Replica>,
     pub policy: PolicySection,
     pub store: StoreSection,
+    pub batch: BatchSection,
+    pub prefetch: PrefetchSection,
+    pub lora: Vec<LoraSection>,
     /// Seconds to let in-flight calls finish after SIGTERM before exiting.
     pub drain_s: u64,
 }
@@ -112,6 +251,9 @@ impl Default for ServeConfig {
             replicas: Vec::new(),
             policy: PolicySection::default(),
             store: StoreSection::default(),
+            batch: BatchSection::default(),
+            prefetch: PrefetchSection::default(),
+            lora: Vec::new(),
             drain_s: 10,
         }
     }
@@ -129,6 +271,9 @@ pub struct ServeArgs {
     /// HTTP listen address (/metrics, /healthz, /readyz).
     #[arg(long, env = "COHORT_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
+    /// Batch mode's front listen address (OpenAI / Anthropic APIs).
+    #[arg(long, env = "COHORT_FRONT_LISTEN")]
+    pub front_listen: Option<SocketAddr>,
     /// This batcher's shard index; defaults to the ordinal at the end of the pod's
     /// hostname (`cohort-batcher-2` → 2) when the hostname has one.
     #[arg(long, env = "COHORT_SHARD_INDEX")]
@@ -136,8 +281,9 @@ pub struct ServeArgs {
     /// Number of batcher shards.
     #[arg(long, env = "COHORT_SHARD_COUNT")]
     pub shard_count: Option<u32>,
-    /// Engine replica names (repeat, or comma-separated in the environment); replaces
-    /// the file's list.
+    /// Engine replicas (repeat, or comma-separated in the environment): `NAME`, or
+    /// `NAME=URL` for batch mode's front (engine llamacpp), or `NAME=ENGINE+URL`
+    /// (`replica-0=vllm+http://10.0.0.5:8000`). Replaces the file's list.
     #[arg(long = "replica", env = "COHORT_REPLICAS", value_delimiter = ',')]
     pub replicas: Vec<String>,
     /// Balance bound (see the policy).
@@ -168,6 +314,16 @@ pub enum ConfigError {
     Balance(f64),
     #[error("policy.balance_slack_tokens must be a finite number ≥ 0, got {0}")]
     Slack(f64),
+    #[error("replica {name}: {problem}")]
+    ReplicaTarget { name: String, problem: String },
+    #[error("batch mode needs a url for every replica or for none (missing: {0})")]
+    MixedUrls(String),
+    #[error("batch: {0}")]
+    Batch(String),
+    #[error("prefetch.default_level must be high, medium, low or none, got {0:?}")]
+    PrefetchLevel(String),
+    #[error("lora {0:?}: name must be 1-64 of [A-Za-z0-9._-] and path non-empty")]
+    Lora(String),
 }
 
 /// The StatefulSet ordinal at the end of a hostname (`cohort-batcher-2` → 2).
@@ -189,6 +345,9 @@ impl ServeConfig {
         if let Some(addr) = args.http_listen {
             config.http_listen = addr;
         }
+        if let Some(addr) = args.front_listen {
+            config.batch.listen = addr;
+        }
         if let Some(count) = args.shard_count {
             config.shard_count = count;
         }
@@ -201,9 +360,7 @@ impl ServeConfig {
             config.replicas = args
                 .replicas
                 .iter()
-                .map(|name| Replica {
-                    name: name.trim().to_owned(),
-                })
+                .map(|spec| Replica::from_flag(spec.trim()))
                 .collect();
         }
         if let Some(balance) = args.balance {
@@ -246,6 +403,70 @@ impl ServeConfig {
         let slack = self.policy.balance_slack_tokens;
         if !slack.is_finite() || slack < 0.0 {
             return Err(ConfigError::Slack(slack));
+        }
+        self.validate_front()
+    }
+
+    /// Whether batch mode's front runs (every replica has a url).
+    pub fn front_enabled(&self) -> bool {
+        self.replicas.iter().all(|r| r.url.is_some())
+    }
+
+    fn validate_front(&self) -> Result<(), ConfigError> {
+        let with_url = self.replicas.iter().filter(|r| r.url.is_some()).count();
+        if with_url != 0 && with_url != self.replicas.len() {
+            let missing: Vec<_> = self
+                .replicas
+                .iter()
+                .filter(|r| r.url.is_none())
+                .map(|r| r.name.as_str())
+                .collect();
+            return Err(ConfigError::MixedUrls(missing.join(", ")));
+        }
+        for replica in &self.replicas {
+            let problem = |problem: String| ConfigError::ReplicaTarget {
+                name: replica.name.clone(),
+                problem,
+            };
+            cohort_batcher_core::engines::EngineKind::parse(&replica.engine)
+                .map_err(|e| problem(e.to_string()))?;
+            if let Some(url) = &replica.url {
+                url.parse::<axum::http::Uri>()
+                    .ok()
+                    .filter(|u| u.scheme_str() == Some("http") && u.authority().is_some())
+                    .ok_or_else(|| problem(format!("url {url:?} is not http://host:port")))?;
+            }
+            if replica.slots == Some(0) {
+                return Err(problem("slots must be at least 1".to_owned()));
+            }
+        }
+        let b = &self.batch;
+        if b.max_batch == 0 || b.max_batch_pressured == 0 || b.max_batch_pressured > b.max_batch {
+            return Err(ConfigError::Batch(format!(
+                "need 1 ≤ max_batch_pressured ({}) ≤ max_batch ({})",
+                b.max_batch_pressured, b.max_batch
+            )));
+        }
+        if !(0.0..=1.0).contains(&b.kv_pressure) {
+            return Err(ConfigError::Batch(format!(
+                "kv_pressure must be within 0–1, got {}",
+                b.kv_pressure
+            )));
+        }
+        if b.max_hold_ms < b.window_ms || b.scrape_interval_s == 0 {
+            return Err(ConfigError::Batch(
+                "need max_hold_ms ≥ window_ms and scrape_interval_s ≥ 1".to_owned(),
+            ));
+        }
+        if crate::front::prefetch_level(&self.prefetch.default_level).is_none() {
+            return Err(ConfigError::PrefetchLevel(
+                self.prefetch.default_level.clone(),
+            ));
+        }
+        for lora in &self.lora {
+            if !is_plain_name(&lora.name) || lora.path.is_empty() {
+                return Err(ConfigError::Lora(lora.name.clone()));
+            }
         }
         Ok(())
     }
@@ -304,5 +525,27 @@ mod tests {
         let mut a = args(&["a"]);
         a.config = Some("/nonexistent/cohort.toml".into());
         assert!(err(a).contains("cannot read"));
+        assert!(err(args(&["a=http://h:1", "b"])).contains("missing: b"));
+        assert!(err(args(&["a=triton+http://h:1"])).contains("unknown engine"));
+        assert!(err(args(&["a=ftp://h"])).contains("not http://host:port"));
+    }
+
+    #[test]
+    fn replica_flags_carry_engine_and_url() {
+        let config = ServeConfig::load(
+            &args(&["r0=http://127.0.0.1:8081", "r1=vllm+http://10.0.0.2:8000"]),
+            None,
+        )
+        .unwrap();
+        assert!(config.front_enabled());
+        assert_eq!(config.replicas[0].engine, "llamacpp");
+        assert_eq!(
+            config.replicas[0].url.as_deref(),
+            Some("http://127.0.0.1:8081")
+        );
+        assert_eq!(config.replicas[1].engine, "vllm");
+        assert!(!ServeConfig::load(&args(&["r0"]), None)
+            .unwrap()
+            .front_enabled());
     }
 }

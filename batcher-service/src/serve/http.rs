@@ -3,7 +3,9 @@
 //! probe takes a draining batcher out of its Service before it stops).
 
 use super::brain::Brain;
+use super::metrics::Page;
 use super::Clock;
+use crate::front::Front;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -17,6 +19,8 @@ pub struct HttpState {
     pub brain: Arc<Brain>,
     pub clock: Clock,
     pub ready: Arc<AtomicBool>,
+    /// Batch mode's front, when it runs: its metrics join the page.
+    pub front: Option<Arc<Front>>,
 }
 
 pub fn router(state: HttpState) -> Router {
@@ -33,7 +37,15 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.brain.metrics(state.clock.now_ms()),
+        {
+            let mut text = state.brain.metrics(state.clock.now_ms());
+            if let Some(front) = &state.front {
+                let mut page = Page::default();
+                front.write_metrics(&mut page);
+                text.push_str(&page.finish());
+            }
+            text
+        },
     )
 }
 

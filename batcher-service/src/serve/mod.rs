@@ -1,7 +1,8 @@
 //! `cohort serve`: the batcher service. A gRPC server (`cohort.v1.Batcher`: Assign,
 //! Observe, Status) and an HTTP server (`/metrics`, `/healthz`, `/readyz`) over one
 //! shared [`brain::Brain`], with a once-a-second upkeep task (TTL expiry of fingerprints
-//! and cohorts).
+//! and cohorts). When the replicas have URLs, batch mode's HTTP front
+//! ([`crate::front`]) listens too, with one engine probe task per replica.
 //!
 //! Shutdown (SIGTERM or Ctrl-C): `/readyz` turns 503, open `Observe` streams are ended,
 //! both servers stop accepting and finish what is in flight (at most `drain_s`), the
@@ -13,6 +14,7 @@ mod grpc;
 mod http;
 pub mod metrics;
 
+use crate::front::Front;
 use anyhow::Context as _;
 use brain::Brain;
 use config::ServeConfig;
@@ -58,6 +60,40 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         "cohort serve listening"
     );
 
+    let front = if config.front_enabled() {
+        let listener = tokio::net::TcpListener::bind(config.batch.listen)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen for the batch front on {}",
+                    config.batch.listen
+                )
+            })?;
+        info!(front = %listener.local_addr()?, "batch front listening");
+        let front = Arc::new(Front::new(&config, clock, stop_rx.clone()));
+        Some((front, listener))
+    } else {
+        None
+    };
+    let mut front_tasks = Vec::new();
+    let front = front.map(|(front, listener)| {
+        front_tasks.extend(crate::front::spawn_engine_watch(
+            Arc::clone(&front),
+            stop_rx.clone(),
+        ));
+        let mut stop = stop_rx.clone();
+        let router = Arc::clone(&front).router();
+        front_tasks.push(tokio::spawn(async move {
+            let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            });
+            if let Err(error) = serve.await {
+                tracing::error!(%error, "batch front stopped");
+            }
+        }));
+        front
+    });
+
     let service = grpc::BatcherService {
         brain: Arc::clone(&brain),
         clock,
@@ -79,6 +115,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             brain: Arc::clone(&brain),
             clock,
             ready: Arc::clone(&ready),
+            front: front.clone(),
         });
         async move {
             axum::serve(http_listener, router)
@@ -90,12 +127,18 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     });
     let upkeep = tokio::spawn({
         let brain = Arc::clone(&brain);
+        let front = front.clone();
         let mut stop = stop_rx.clone();
         async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
-                    _ = tick.tick() => brain.expire(clock.now_ms()),
+                    _ = tick.tick() => {
+                        brain.expire(clock.now_ms());
+                        if let Some(front) = &front {
+                            front.upkeep(clock.now_ms());
+                        }
+                    }
                     _ = stop.wait_for(|s| *s) => break,
                 }
             }
@@ -110,6 +153,9 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     let drain = Duration::from_secs(config.drain_s);
     let joined = tokio::time::timeout(drain, async {
         let (grpc, http, _) = tokio::join!(grpc, http, upkeep);
+        for task in front_tasks {
+            let _ = task.await;
+        }
         grpc.context("gRPC server task")?.context("gRPC server")?;
         http.context("HTTP server task")?.context("HTTP server")?;
         anyhow::Ok(())

@@ -1,0 +1,263 @@
+//! Engine adapters: what differs between inference servers, as pure functions.
+//!
+//! The batch front speaks the OpenAI and Anthropic HTTP APIs to every engine; what differs
+//! is small but matters for prefix reuse, and each difference lives in one adapter module
+//! behind the [`Engine`] trait:
+//! - how followers reuse their leader's prefix ([`Release`]): llama.cpp caches per slot,
+//!   so a cohort is pinned to one slot (`id_slot`); vLLM and SGLang share a block cache;
+//! - per-tenant cache isolation (vLLM's `cache_salt`);
+//! - where health and Prometheus metrics are, and what the metrics are called (cached
+//!   prompt tokens, KV-cache usage, queue depth);
+//! - LoRA adapters: how to load and unload one at run time, if the engine can.
+//!
+//! Adapters never do I/O: they rewrite JSON bodies, name paths and parse text, so each is
+//! tested on recorded engine output (`tests/fixtures/engines/`). The front in
+//! `cohort-batcher` does the HTTP.
+
+pub mod anthropic;
+pub mod llamacpp;
+pub mod openai;
+pub mod prometheus;
+pub mod sglang;
+pub mod tgi;
+pub mod vllm;
+
+pub use crate::batch::Release;
+use serde_json::{Map, Value};
+use thiserror::Error;
+
+/// The engines the front knows, by their configuration name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineKind {
+    LlamaCpp,
+    Vllm,
+    Sglang,
+    Tgi,
+    OpenAi,
+    Anthropic,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("unknown engine {0:?} (expected llamacpp, vllm, sglang, tgi, openai or anthropic)")]
+pub struct UnknownEngine(pub String);
+
+impl EngineKind {
+    pub const ALL: [EngineKind; 6] = [
+        EngineKind::LlamaCpp,
+        EngineKind::Vllm,
+        EngineKind::Sglang,
+        EngineKind::Tgi,
+        EngineKind::OpenAi,
+        EngineKind::Anthropic,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::LlamaCpp => "llamacpp",
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+            EngineKind::Tgi => "tgi",
+            EngineKind::OpenAi => "openai",
+            EngineKind::Anthropic => "anthropic",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<EngineKind, UnknownEngine> {
+        EngineKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == name)
+            .ok_or_else(|| UnknownEngine(name.to_owned()))
+    }
+
+    /// The adapter for this kind.
+    pub fn adapter(self) -> &'static dyn Engine {
+        match self {
+            EngineKind::LlamaCpp => &llamacpp::LlamaCpp,
+            EngineKind::Vllm => &vllm::Vllm,
+            EngineKind::Sglang => &sglang::Sglang,
+            EngineKind::Tgi => &tgi::Tgi,
+            EngineKind::OpenAi => &openai::OpenAiCompatible,
+            EngineKind::Anthropic => &anthropic::AnthropicCompatible,
+        }
+    }
+}
+
+/// The request APIs the front serves, by path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrontApi {
+    ChatCompletions,
+    Completions,
+    Responses,
+    Messages,
+}
+
+impl FrontApi {
+    pub fn from_path(path: &str) -> Option<FrontApi> {
+        match path {
+            "/v1/chat/completions" => Some(FrontApi::ChatCompletions),
+            "/v1/completions" => Some(FrontApi::Completions),
+            "/v1/responses" => Some(FrontApi::Responses),
+            "/v1/messages" => Some(FrontApi::Messages),
+            _ => None,
+        }
+    }
+
+    pub fn path(self) -> &'static str {
+        match self {
+            FrontApi::ChatCompletions => "/v1/chat/completions",
+            FrontApi::Completions => "/v1/completions",
+            FrontApi::Responses => "/v1/responses",
+            FrontApi::Messages => "/v1/messages",
+        }
+    }
+
+    /// The body field that bounds the output length.
+    pub fn max_tokens_field(self) -> &'static str {
+        match self {
+            FrontApi::Responses => "max_output_tokens",
+            _ => "max_tokens",
+        }
+    }
+}
+
+/// Who a dispatched request is, for the adapter's body rewrite.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Member<'a> {
+    /// The tenant (from the mesh-set tenant header), if any.
+    pub tenant: Option<&'a str>,
+    /// The slot the cohort is pinned to, for engines with [`Release::SameSlot`].
+    pub slot: Option<usize>,
+}
+
+/// What the front reads from an engine's `/metrics`. Absent values are `None`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineMetrics {
+    /// Prompt tokens processed, total (counter).
+    pub prompt_tokens_total: Option<f64>,
+    /// Prompt tokens served from the prefix cache, total (counter).
+    pub cached_tokens_total: Option<f64>,
+    /// KV-cache usage, 0–1.
+    pub kv_usage: Option<f64>,
+    /// Requests being processed.
+    pub running: Option<f64>,
+    /// Requests waiting for a slot.
+    pub waiting: Option<f64>,
+}
+
+/// An HTTP call the front makes on the adapter's behalf (LoRA load or unload).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub path: &'static str,
+    pub body: Value,
+}
+
+/// A LoRA adapter as configured: the name requests use as `model`, and where it lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraAdapter {
+    pub name: String,
+    pub path: String,
+}
+
+/// One engine's differences. See the module documentation.
+pub trait Engine: Send + Sync {
+    fn kind(&self) -> EngineKind;
+
+    /// How followers reuse their leader's prefix on this engine.
+    fn release(&self) -> Release {
+        Release::AfterLeaderPrefill
+    }
+
+    /// Rewrites a request body before it is sent (slot pinning, cache salt, ...). The
+    /// default sends it unchanged.
+    fn prepare(&self, _body: &mut Map<String, Value>, _member: &Member<'_>) {}
+
+    /// The liveness path the front probes.
+    fn health_path(&self) -> &'static str {
+        "/health"
+    }
+
+    /// Where the engine's Prometheus metrics are, if it has them.
+    fn metrics_path(&self) -> Option<&'static str> {
+        Some("/metrics")
+    }
+
+    /// Reads the metrics the front uses from a Prometheus text page.
+    fn parse_metrics(&self, _text: &str) -> EngineMetrics {
+        EngineMetrics::default()
+    }
+
+    /// The call that loads `adapter`, if the engine loads adapters at run time.
+    fn lora_load(&self, _adapter: &LoraAdapter) -> Option<Call> {
+        None
+    }
+
+    /// The call that unloads `adapter`.
+    fn lora_unload(&self, _adapter: &LoraAdapter) -> Option<Call> {
+        None
+    }
+}
+
+/// A warm-up request from an exemplar body of a cohort: the same prompt, one output token,
+/// no streaming. Sending it makes the engine compute and cache the cohort's prefix.
+pub fn warmup_body(api: FrontApi, exemplar: &Map<String, Value>) -> Map<String, Value> {
+    let mut body = exemplar.clone();
+    for field in [
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "n",
+        "best_of",
+    ] {
+        body.remove(field);
+    }
+    body.insert(api.max_tokens_field().to_owned(), Value::from(1));
+    body.insert("stream".to_owned(), Value::Bool(false));
+    body.remove("stream_options");
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for kind in EngineKind::ALL {
+            assert_eq!(EngineKind::parse(kind.as_str()), Ok(kind));
+            assert_eq!(kind.adapter().kind(), kind);
+        }
+        assert!(EngineKind::parse("triton")
+            .unwrap_err()
+            .to_string()
+            .contains("triton"));
+    }
+
+    #[test]
+    fn paths_map_to_apis() {
+        for api in [
+            FrontApi::ChatCompletions,
+            FrontApi::Completions,
+            FrontApi::Responses,
+            FrontApi::Messages,
+        ] {
+            assert_eq!(FrontApi::from_path(api.path()), Some(api));
+        }
+        assert_eq!(FrontApi::from_path("/v1/embeddings"), None);
+    }
+
+    #[test]
+    fn a_warmup_asks_for_one_token_without_streaming() {
+        let exemplar: Map<String, Value> = serde_json::from_str(
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":200,"stream":true,"stream_options":{"include_usage":true},"n":3}"#,
+        )
+        .unwrap();
+        let body = warmup_body(FrontApi::ChatCompletions, &exemplar);
+        assert_eq!(body["max_tokens"], 1);
+        assert_eq!(body["stream"], false);
+        assert!(!body.contains_key("stream_options") && !body.contains_key("n"));
+        assert_eq!(body["messages"], exemplar["messages"]);
+        let body = warmup_body(FrontApi::Responses, &exemplar);
+        assert_eq!(body["max_output_tokens"], 1);
+        assert!(!body.contains_key("max_tokens"));
+    }
+}

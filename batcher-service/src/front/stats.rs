@@ -1,0 +1,122 @@
+//! The front's counters and histograms, and their part of the `/metrics` page.
+
+use crate::serve::metrics::{Histogram, Page};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why a request went to an engine without batching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direct {
+    /// The body is not JSON or not an API shape the fingerprint knows.
+    Unparsed,
+    /// Too many followers held already (backpressure).
+    Overflow,
+}
+
+#[derive(Default)]
+pub struct FrontStats {
+    pub leaders: AtomicU64,
+    pub followers: AtomicU64,
+    pub direct_unparsed: AtomicU64,
+    pub direct_overflow: AtomicU64,
+    /// Requests sent to another replica because theirs was unreachable.
+    pub failovers: AtomicU64,
+    /// Requests answered 502 because no replica was reachable.
+    pub unreachable: AtomicU64,
+    /// Callers that went away before their response ended.
+    pub cancelled: AtomicU64,
+    pub lora_loads: AtomicU64,
+    pub lora_load_errors: AtomicU64,
+    batch_size: BatchSizes,
+    pub queue_wait: QueueWait,
+}
+
+pub struct BatchSizes(pub Histogram);
+pub struct QueueWait(pub Histogram);
+
+impl Default for BatchSizes {
+    fn default() -> Self {
+        BatchSizes(Histogram::new(&[1.0, 2.0, 4.0, 8.0, 16.0, 32.0]))
+    }
+}
+
+impl Default for QueueWait {
+    fn default() -> Self {
+        QueueWait(Histogram::new(&[
+            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+        ]))
+    }
+}
+
+impl FrontStats {
+    pub fn direct(&self, why: Direct) {
+        match why {
+            Direct::Unparsed => &self.direct_unparsed,
+            Direct::Overflow => &self.direct_overflow,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn batch_closed(&self, members: usize) {
+        self.batch_size.0.observe(members as f64);
+    }
+
+    pub fn write(&self, page: &mut Page) {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
+        page.labelled(
+            "cohort_front_requests_total",
+            "counter",
+            "Requests the batch front sent, by role: leader (opened a batch), follower (joined one), direct (not batched).",
+            "role",
+            &[
+                ("leader".into(), n(&self.leaders)),
+                ("follower".into(), n(&self.followers)),
+                ("direct".into(), n(&self.direct_unparsed) + n(&self.direct_overflow)),
+            ],
+        );
+        page.labelled(
+            "cohort_front_direct_total",
+            "counter",
+            "Requests sent on without batching, by reason (unparsed body; overflow: hold queue full).",
+            "reason",
+            &[
+                ("unparsed".into(), n(&self.direct_unparsed)),
+                ("overflow".into(), n(&self.direct_overflow)),
+            ],
+        );
+        page.counter(
+            "cohort_front_failovers_total",
+            "Requests sent to another replica because theirs was unreachable.",
+            self.failovers.load(Ordering::Relaxed),
+        );
+        page.counter(
+            "cohort_front_unreachable_total",
+            "Requests answered 502 because no engine replica was reachable.",
+            self.unreachable.load(Ordering::Relaxed),
+        );
+        page.counter(
+            "cohort_front_cancelled_total",
+            "Callers that went away before their response ended (their engine request was cancelled).",
+            self.cancelled.load(Ordering::Relaxed),
+        );
+        page.histogram(
+            "cohort_batch_size",
+            "Members per closed batch (leader included).",
+            &self.batch_size.0,
+        );
+        page.histogram(
+            "cohort_queue_wait_seconds",
+            "Time a follower was held for its leader's prefix.",
+            &self.queue_wait.0,
+        );
+        page.counter(
+            "cohort_lora_loads_total",
+            "LoRA adapters loaded on engine replicas.",
+            self.lora_loads.load(Ordering::Relaxed),
+        );
+        page.counter(
+            "cohort_lora_load_errors_total",
+            "LoRA adapter loads that failed (the request went on; the engine answers it).",
+            self.lora_load_errors.load(Ordering::Relaxed),
+        );
+    }
+}
