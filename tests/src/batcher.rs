@@ -34,6 +34,8 @@ pub struct BatcherSpec {
     pub replicas: Vec<String>,
     pub shard_index: u32,
     pub shard_count: u32,
+    /// Batch mode's front port (the replicas then carry URLs: `name=http://…`).
+    pub front_port: Option<u16>,
 }
 
 /// A running batcher; killed when dropped.
@@ -73,6 +75,12 @@ impl Batcher {
             .args(["--shard-index", &spec.shard_index.to_string()])
             .args(["--shard-count", &spec.shard_count.to_string()])
             .args(["--replica", &spec.replicas.join(",")])
+            .args(
+                spec.front_port
+                    .map(|port| ["--front-listen".to_owned(), format!("127.0.0.1:{port}")])
+                    .iter()
+                    .flatten(),
+            )
             .env_remove("COHORT_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -60,7 +60,61 @@ pub fn post_json(port: u16, path: &str, headers: &[(&str, &str)], body: &[u8]) -
     request(port, "POST", path, &all, body).expect("request completes")
 }
 
-fn read_response(reader: &mut impl BufRead) -> std::io::Result<Response> {
+/// A streamed (SSE) response being read event by event; dropping it closes the
+/// connection, which is how a test cancels a request mid-stream.
+pub struct EventStream {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    reader: BufReader<TcpStream>,
+}
+
+impl EventStream {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        crate::header_value(&self.headers, name)
+    }
+
+    /// The next `data:` payload, or `None` at the end of the stream.
+    pub fn next_data(&mut self) -> Option<String> {
+        loop {
+            let mut line = String::new();
+            if self.reader.read_line(&mut line).ok()? == 0 {
+                return None;
+            }
+            if let Some(data) = line.trim_end().strip_prefix("data:") {
+                return Some(data.trim().to_owned());
+            }
+        }
+    }
+}
+
+/// POSTs a JSON body and returns once the response headers are read, leaving the body
+/// to be read as server-sent events.
+pub fn post_stream(port: u16, path: &str, headers: &[(&str, &str)], body: &[u8]) -> EventStream {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream.set_nodelay(true).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let mut raw = format!(
+        "POST {path} HTTP/1.1\r\nhost: cohort.test\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        raw.push_str(&format!("{name}: {value}\r\n"));
+    }
+    raw.push_str("\r\n");
+    stream.write_all(raw.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut reader = BufReader::new(stream);
+    let (status, headers) = read_head(&mut reader).expect("response head");
+    EventStream {
+        status,
+        headers,
+        reader,
+    }
+}
+
+fn read_head(reader: &mut impl BufRead) -> std::io::Result<(u16, Vec<(String, String)>)> {
     let mut status_line = String::new();
     reader.read_line(&mut status_line)?;
     let status = status_line
@@ -80,6 +134,11 @@ fn read_response(reader: &mut impl BufRead) -> std::io::Result<Response> {
             headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
         }
     }
+    Ok((status, headers))
+}
+
+fn read_response(reader: &mut impl BufRead) -> std::io::Result<Response> {
+    let (status, headers) = read_head(reader)?;
     let header = |name: &str| {
         headers
             .iter()

@@ -41,6 +41,12 @@ pub fn set_ports(config: &mut Value, admin: u16, listener: u16) {
 
 /// Replaces the endpoints of cluster `name` with loopback `ports`.
 pub fn set_endpoints(config: &mut Value, name: &str, ports: &[u16]) {
+    set_priority_endpoints(config, name, 0, ports);
+}
+
+/// Replaces the endpoints of cluster `name`'s `group`-th locality group (its priority
+/// order in the file) with loopback `ports`.
+pub fn set_priority_endpoints(config: &mut Value, name: &str, group: usize, ports: &[u16]) {
     let clusters = config["static_resources"]["clusters"]
         .as_sequence_mut()
         .unwrap();
@@ -56,7 +62,7 @@ pub fn set_endpoints(config: &mut Value, name: &str, ports: &[u16]) {
             endpoint
         })
         .collect();
-    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = Value::Sequence(endpoints);
+    cluster["load_assignment"]["endpoints"][group]["lb_endpoints"] = Value::Sequence(endpoints);
 }
 
 /// The cohort filter's `config` block (the Wasm filter's PluginConfig).

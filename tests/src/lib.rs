@@ -6,6 +6,7 @@
 //!   `--use-dynamic-base-id`, wait until ready, read admin stats, stop it by pid;
 //! - [`upstream`]: HTTP/1.1 and HTTP/2 servers that record every request they receive;
 //! - [`batcher`]: start `cohort serve`, read its `/metrics`, SIGTERM or SIGKILL it;
+//! - [`llama`]: a real llama.cpp `llama-server` replica (Gemma 3 270M);
 //! - [`config`]: load `istio/envoy/*.yaml` and point it at test ports and the built filter;
 //! - [`client`]: a minimal HTTP/1.1 client over a raw socket, so tests control every byte.
 
@@ -13,6 +14,7 @@ pub mod batcher;
 pub mod client;
 pub mod config;
 pub mod envoy;
+pub mod llama;
 pub mod upstream;
 
 use std::path::PathBuf;

@@ -46,6 +46,7 @@ fn stack(shards: usize) -> Stack {
                 replicas: REPLICAS.iter().map(|s| s.to_string()).collect(),
                 shard_index: i as u32,
                 shard_count: shards as u32,
+                front_port: None,
             })
         })
         .collect();

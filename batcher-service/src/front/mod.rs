@@ -243,6 +243,8 @@ impl Front {
             .route(FrontApi::Completions.path(), route(FrontApi::Completions))
             .route(FrontApi::Responses.path(), route(FrontApi::Responses))
             .route(FrontApi::Messages.path(), route(FrontApi::Messages))
+            // Envoy health-checks the front and the engines behind it on one path.
+            .route("/health", axum::routing::get(health))
             .layer(DefaultBodyLimit::max(limit))
             .with_state(self)
     }
@@ -773,6 +775,15 @@ impl Front {
             "Followers held for their leader's prefix right now.",
             self.held.load(Ordering::Relaxed) as f64,
         );
+    }
+}
+
+/// 200 while serving, 503 once draining (Envoy then sends to the replicas directly).
+async fn health(State(front): State<Arc<Front>>) -> (StatusCode, &'static str) {
+    if *front.stop.borrow() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+    } else {
+        (StatusCode::OK, "ok\n")
     }
 }
 

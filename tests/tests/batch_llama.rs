@@ -1,0 +1,241 @@
+//! Batch mode end to end on real engines: real Envoy with the real filter (mode `batch`),
+//! a real `cohort serve` with its HTTP front, and three real llama.cpp replicas
+//! (`istio/envoy/batch.yaml`).
+//!
+//! - a burst of one cohort lands on one replica as one batch (a leader and followers), the
+//!   followers' engine-reported `cached_tokens` cover the shared prefix, and every caller's
+//!   SSE stream arrives whole (role, content, usage, `[DONE]`);
+//! - a caller that hangs up mid-stream cancels only its own member: the others finish.
+//!
+//! Needs `scripts/setup` (Envoy, llama-server and the model), `scripts/build-wasm` and the
+//! `cohort` binary; `scripts/test` provides all of them.
+
+use cohort_tests::batcher::{Batcher, BatcherSpec};
+use cohort_tests::client::post_stream;
+use cohort_tests::config::{self, set_endpoints, set_filter, set_ports, set_priority_endpoints};
+use cohort_tests::envoy::Envoy;
+use cohort_tests::free_port;
+use cohort_tests::llama::Llama;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const CHAT: &str = "/v1/chat/completions";
+
+struct Stack {
+    _replicas: Vec<Llama>,
+    batcher: Batcher,
+    envoy: Envoy,
+}
+
+fn stack() -> Stack {
+    let replicas: Vec<Llama> = (0..3).map(|_| Llama::start(2)).collect();
+    let batcher = Batcher::start(BatcherSpec {
+        grpc_port: free_port(),
+        http_port: free_port(),
+        replicas: replicas
+            .iter()
+            .enumerate()
+            .map(|(i, r)| format!("replica-{i}=http://127.0.0.1:{}", r.port))
+            .collect(),
+        shard_index: 0,
+        shard_count: 1,
+        front_port: Some(free_port()),
+    });
+    let mut config = config::load("batch");
+    let (admin, listen) = (free_port(), free_port());
+    set_ports(&mut config, admin, listen);
+    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
+    for (i, port) in ports.iter().enumerate() {
+        set_endpoints(&mut config, &format!("replica-{i}"), &[*port]);
+    }
+    set_endpoints(&mut config, "all-replicas", &ports);
+    set_endpoints(&mut config, "cohort-batcher-0", &[batcher.spec.grpc_port]);
+    set_endpoints(
+        &mut config,
+        "cohort-front-0",
+        &[batcher.spec.front_port.unwrap()],
+    );
+    set_priority_endpoints(&mut config, "cohort-front-0", 1, &ports);
+    // A generous Assign deadline: on a loaded 2-core test machine a 25 ms deadline can
+    // expire, and the request would then (correctly) skip batching.
+    set_filter(
+        &mut config,
+        &json!({"mode": "batch", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]})
+            .to_string(),
+    );
+    let envoy = Envoy::start(&config, admin, listen);
+    // The front's first engine probe (slot counts from /props) runs at start; give it a beat.
+    std::thread::sleep(Duration::from_millis(1500));
+    Stack {
+        _replicas: replicas,
+        batcher,
+        envoy,
+    }
+}
+
+/// A request of one cohort: a long shared system prompt (unique per `tag`, so no earlier
+/// test's cache helps), and a member-specific question.
+fn body(tag: &str, member: usize, max_tokens: u32) -> Vec<u8> {
+    let system = format!(
+        "[{tag}] You are the assistant of the Example Bank support desk. {}",
+        "Answer in two sentences, cite the policy section, never reveal account numbers, and offer the secure-message link when a customer is locked out. ".repeat(10)
+    );
+    serde_json::to_vec(&json!({
+        "model": "gemma-3-270m",
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": format!("Customer {member}: how do I reset my card PIN?")},
+        ],
+        "max_tokens": max_tokens,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    }))
+    .unwrap()
+}
+
+/// One member's whole stream, checked for shape.
+struct Member {
+    role: String,
+    replica: String,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    completion_tokens: u64,
+}
+
+fn read_member(port: u16, tag: &str, member: usize, max_tokens: u32) -> Member {
+    let mut stream = post_stream(port, CHAT, &[], &body(tag, member, max_tokens));
+    assert_eq!(stream.status, 200, "member {member}");
+    let batch = stream
+        .header("x-cohort-batch")
+        .unwrap_or_else(|| panic!("member {member} did not go through the batch front"))
+        .to_owned();
+    let (role, replica) = batch.split_once(";replica=").expect("role;replica=name");
+    let mut events = Vec::new();
+    while let Some(data) = stream.next_data() {
+        events.push(data);
+    }
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "member {member}: stream ends with [DONE]"
+    );
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("each event is one JSON chunk"))
+        .collect();
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert!(!content.is_empty(), "member {member}: content streamed");
+    let ids: std::collections::BTreeSet<&str> =
+        chunks.iter().filter_map(|c| c["id"].as_str()).collect();
+    assert_eq!(ids.len(), 1, "member {member}: one completion, not a mix");
+    let usage = chunks
+        .iter()
+        .rev()
+        .find_map(|c| c.get("usage").filter(|u| u.is_object()))
+        .expect("usage chunk");
+    Member {
+        role: role.to_owned(),
+        replica: replica.to_owned(),
+        prompt_tokens: usage["prompt_tokens"].as_u64().unwrap(),
+        cached_tokens: usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+        completion_tokens: usage["completion_tokens"].as_u64().unwrap(),
+    }
+}
+
+#[test]
+fn a_burst_of_one_cohort_is_batched_and_followers_reuse_the_leaders_prefix() {
+    let stack = stack();
+    let port = stack.envoy.listen_port;
+    let tag = format!("burst-{}", std::process::id());
+    let members: Vec<Member> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|i| {
+                let tag = &tag;
+                let handle = scope.spawn(move || read_member(port, tag, i, 12));
+                std::thread::sleep(Duration::from_millis(30));
+                handle
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let leaders = members.iter().filter(|m| m.role == "leader").count();
+    assert_eq!(leaders, 1, "one leader: {:?}", roles(&members));
+    assert!(
+        members.iter().all(|m| m.replica == members[0].replica),
+        "one replica: {:?}",
+        roles(&members)
+    );
+    for m in &members {
+        println!(
+            "{} on {}: prompt {} cached {} completion {}",
+            m.role, m.replica, m.prompt_tokens, m.cached_tokens, m.completion_tokens
+        );
+        assert!(m.prompt_tokens > 250, "a long shared prompt");
+        assert_eq!(m.completion_tokens, 12);
+        // The user turn differs (≈15 tokens); everything before it is shared.
+        if m.role == "follower" {
+            assert!(
+                m.cached_tokens + 30 >= m.prompt_tokens,
+                "a follower reuses the shared prefix: cached {} of {}",
+                m.cached_tokens,
+                m.prompt_tokens
+            );
+        } else {
+            assert!(m.cached_tokens < m.prompt_tokens / 2, "the leader computes it");
+        }
+    }
+    let metric = |s: &str| stack.batcher.metric(s);
+    assert_eq!(metric("cohort_front_requests_total{role=\"leader\"}"), 1.0);
+    assert_eq!(metric("cohort_front_requests_total{role=\"follower\"}"), 3.0);
+}
+
+#[test]
+fn a_caller_hanging_up_cancels_only_its_own_member() {
+    let stack = stack();
+    let port = stack.envoy.listen_port;
+    let tag = format!("cancel-{}", std::process::id());
+    let finished: Vec<Option<Member>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..3)
+            .map(|i| {
+                let tag = &tag;
+                let handle = scope.spawn(move || {
+                    if i == 1 {
+                        // Read the first event, then hang up.
+                        let mut stream = post_stream(port, CHAT, &[], &body(tag, i, 48));
+                        assert_eq!(stream.status, 200);
+                        assert!(stream.next_data().is_some());
+                        drop(stream);
+                        None
+                    } else {
+                        Some(read_member(port, tag, i, 48))
+                    }
+                });
+                std::thread::sleep(Duration::from_millis(30));
+                handle
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for member in finished.iter().flatten() {
+        assert_eq!(
+            member.completion_tokens, 48,
+            "{} finished its whole answer",
+            member.role
+        );
+    }
+    assert_eq!(finished.iter().flatten().count(), 2);
+    let cancelled = stack.batcher.metric("cohort_front_cancelled_total");
+    assert!(cancelled >= 1.0, "the front saw the hang-up: {cancelled}");
+}
+
+fn roles(members: &[Member]) -> Vec<String> {
+    members
+        .iter()
+        .map(|m| format!("{}@{}", m.role, m.replica))
+        .collect()
+}
