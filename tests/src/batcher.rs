@@ -36,6 +36,8 @@ pub struct BatcherSpec {
     pub shard_count: u32,
     /// Batch mode's front port (the replicas then carry URLs: `name=http://…`).
     pub front_port: Option<u16>,
+    /// More `cohort serve` arguments (e.g. `--config FILE`).
+    pub extra_args: Vec<String>,
 }
 
 /// A running batcher; killed when dropped.
@@ -81,6 +83,7 @@ impl Batcher {
                     .iter()
                     .flatten(),
             )
+            .args(&spec.extra_args)
             .env_remove("COHORT_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -40,6 +40,7 @@ fn stack() -> Stack {
         shard_index: 0,
         shard_count: 1,
         front_port: Some(free_port()),
+        extra_args: Vec::new(),
     });
     let mut config = config::load("batch");
     let (admin, listen) = (free_port(), free_port());
@@ -186,12 +187,18 @@ fn a_burst_of_one_cohort_is_batched_and_followers_reuse_the_leaders_prefix() {
                 m.prompt_tokens
             );
         } else {
-            assert!(m.cached_tokens < m.prompt_tokens / 2, "the leader computes it");
+            assert!(
+                m.cached_tokens < m.prompt_tokens / 2,
+                "the leader computes it"
+            );
         }
     }
     let metric = |s: &str| stack.batcher.metric(s);
     assert_eq!(metric("cohort_front_requests_total{role=\"leader\"}"), 1.0);
-    assert_eq!(metric("cohort_front_requests_total{role=\"follower\"}"), 3.0);
+    assert_eq!(
+        metric("cohort_front_requests_total{role=\"follower\"}"),
+        3.0
+    );
 }
 
 #[test]

@@ -47,6 +47,7 @@ fn stack(shards: usize) -> Stack {
                 shard_index: i as u32,
                 shard_count: shards as u32,
                 front_port: None,
+                extra_args: Vec::new(),
             })
         })
         .collect();

@@ -1,0 +1,166 @@
+//! The batch front's protocol duties, against recording upstreams standing in for engines
+//! that cannot run here (vLLM needs a GPU or a 6 GB CPU build; its real answers are
+//! fixtures in `batcher-service/core/tests/fixtures/engines/vllm/`). The real-engine
+//! behaviour (batching, prefix reuse, SSE, cancellation) is `batch_llama.rs`.
+//!
+//! - vLLM members carry their tenant's `cache_salt`, and a LoRA adapter is loaded on the
+//!   replica before the first request that needs it, once;
+//! - a body the front cannot parse goes to an engine byte for byte (marked `direct`);
+//! - an unreachable replica's requests fail over to a live one; none fails.
+
+use cohort_tests::batcher::{Batcher, BatcherSpec};
+use cohort_tests::client::post_json;
+use cohort_tests::free_port;
+use cohort_tests::upstream::Upstream;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn front(replicas: &[String], extra_args: Vec<String>) -> Batcher {
+    Batcher::start(BatcherSpec {
+        grpc_port: free_port(),
+        http_port: free_port(),
+        replicas: replicas.to_vec(),
+        shard_index: 0,
+        shard_count: 1,
+        front_port: Some(free_port()),
+        extra_args,
+    })
+}
+
+fn chat(model: &str, system: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "model": model,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Which tables hold the invoices?"},
+        ],
+    }))
+    .unwrap()
+}
+
+#[test]
+fn vllm_members_carry_their_tenant_salt_and_their_adapter_is_loaded_once() {
+    let upstreams = [Upstream::start("replica-0"), Upstream::start("replica-1")];
+    let config = std::env::temp_dir().join(format!("cohort-lora-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        "[[lora]]\nname = \"sql-lora\"\npath = \"/adapters/sql\"\n",
+    )
+    .unwrap();
+    let replicas: Vec<String> = upstreams
+        .iter()
+        .map(|u| format!("{}=vllm+http://127.0.0.1:{}", u.name, u.port))
+        .collect();
+    let batcher = front(
+        &replicas,
+        vec!["--config".into(), config.to_string_lossy().into_owned()],
+    );
+    let port = batcher.spec.front_port.unwrap();
+    let headers = [("x-cohort-tenant", "acme")];
+    let first = post_json(port, CHAT, &headers, &chat("sql-lora", "You write SQL."));
+    assert_eq!(first.status, 200, "{}", first.text());
+    let tag = first.header("x-cohort-batch").unwrap().to_owned();
+    assert!(tag.starts_with("leader;replica="), "{tag}");
+    let owner = tag.trim_start_matches("leader;replica=").to_owned();
+    // Another cohort needing the same adapter, after the first batch closed: it goes
+    // where the adapter is, without loading it again.
+    std::thread::sleep(Duration::from_millis(300));
+    let second = post_json(port, CHAT, &headers, &chat("sql-lora", "You review SQL."));
+    assert_eq!(second.status, 200);
+    assert_eq!(
+        second.header("x-cohort-batch"),
+        Some(format!("leader;replica={owner}").as_str())
+    );
+
+    let calls = |u: &Upstream| -> Vec<(String, Value)> {
+        u.received()
+            .into_iter()
+            .filter(|r| r.method == "POST")
+            .map(|r| (r.path, serde_json::from_slice(&r.body).unwrap()))
+            .collect()
+    };
+    let owner_upstream = upstreams.iter().find(|u| u.name == owner).unwrap();
+    let posts = calls(owner_upstream);
+    assert_eq!(posts.len(), 3, "{posts:?}");
+    assert_eq!(posts[0].0, "/v1/load_lora_adapter", "the load comes first");
+    assert_eq!(
+        posts[0].1,
+        json!({"lora_name": "sql-lora", "lora_path": "/adapters/sql"})
+    );
+    for (path, body) in &posts[1..] {
+        assert_eq!(path, CHAT);
+        assert_eq!(body["cache_salt"], "acme");
+        assert_eq!(body["model"], "sql-lora");
+    }
+    for upstream in &upstreams {
+        let loads = calls(upstream)
+            .iter()
+            .filter(|(p, _)| p == "/v1/load_lora_adapter")
+            .count();
+        assert_eq!(loads, usize::from(upstream.name == owner));
+    }
+    assert_eq!(batcher.metric("cohort_lora_loads_total"), 1.0);
+    std::fs::remove_file(config).unwrap();
+}
+
+#[test]
+fn a_body_the_front_cannot_parse_goes_to_an_engine_unchanged() {
+    let upstream = Upstream::start("replica-0");
+    let batcher = front(
+        &[format!(
+            "replica-0=openai+http://127.0.0.1:{}",
+            upstream.port
+        )],
+        Vec::new(),
+    );
+    let port = batcher.spec.front_port.unwrap();
+    let raw = b"{\"model\": \"m\", \"messages\": [unterminated";
+    let response = post_json(port, CHAT, &[], raw);
+    assert_eq!(response.status, 200);
+    assert_eq!(
+        response.header("x-cohort-batch"),
+        Some("direct;replica=replica-0")
+    );
+    let received: Vec<_> = upstream
+        .received()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].body, raw, "byte for byte");
+    assert_eq!(
+        batcher.metric("cohort_front_direct_total{reason=\"unparsed\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn requests_for_an_unreachable_replica_fail_over() {
+    let live = Upstream::start("replica-1");
+    let dead_port = free_port();
+    let batcher = front(
+        &[
+            format!("replica-0=openai+http://127.0.0.1:{dead_port}"),
+            format!("replica-1=openai+http://127.0.0.1:{}", live.port),
+        ],
+        Vec::new(),
+    );
+    let port = batcher.spec.front_port.unwrap();
+    let started = Instant::now();
+    for i in 0..12 {
+        let response = post_json(port, CHAT, &[], &chat("m", &format!("App {i}.")));
+        assert_eq!(response.status, 200, "request {i}: {}", response.text());
+        assert_eq!(response.header("x-upstream"), Some("replica-1"));
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a refused connection fails over at once"
+    );
+    assert_eq!(batcher.metric("cohort_front_unreachable_total"), 0.0);
+    assert_eq!(
+        batcher.metric("cohort_engine_up{replica=\"replica-0\"}"),
+        0.0
+    );
+}
