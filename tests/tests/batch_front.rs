@@ -164,3 +164,46 @@ fn requests_for_an_unreachable_replica_fail_over() {
         0.0
     );
 }
+
+#[test]
+fn a_predicted_cohort_is_warmed_on_its_owner_before_it_arrives() {
+    let upstreams = [Upstream::start("replica-0"), Upstream::start("replica-1")];
+    let replicas: Vec<String> = upstreams
+        .iter()
+        .map(|u| format!("{}=openai+http://127.0.0.1:{}", u.name, u.port))
+        .collect();
+    let batcher = front(&replicas, Vec::new());
+    let port = batcher.spec.front_port.unwrap();
+    let send = |system: &str, session: &str, level: &str| {
+        let headers = [("x-cohort-session", session), ("x-cohort-prefetch", level)];
+        let response = post_json(port, CHAT, &headers, &chat("m", system));
+        assert_eq!(response.status, 200);
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    // Two sessions walk "lookup" → "refund"; a third starts "lookup".
+    for session in ["s1", "s2"] {
+        send("Look up the order.", session, "high");
+        send("Refund the order.", session, "high");
+    }
+    let warmups = || -> Vec<Value> {
+        upstreams
+            .iter()
+            .flat_map(|u| u.received())
+            .filter(|r| r.method == "POST")
+            .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap())
+            .filter(|b| b["max_tokens"] == 1)
+            .collect()
+    };
+    // The second walk already predicts "refund" after "lookup": one warm-up so far.
+    assert_eq!(warmups().len(), 1, "{:?}", warmups());
+    send("Look up the order.", "s3", "none");
+    assert_eq!(warmups().len(), 1, "x-cohort-prefetch: none warms nothing");
+    send("Look up the order.", "s4", "high");
+    send("Refund the order.", "s4", "high");
+    let warm = warmups();
+    assert_eq!(warm.len(), 2);
+    assert_eq!(warm[1]["messages"][0]["content"], "Refund the order.");
+    assert_eq!(warm[1]["stream"], false);
+    assert_eq!(batcher.metric("cohort_prefetch_issued_total"), 2.0);
+    assert_eq!(batcher.metric("cohort_prefetch_hit_total"), 2.0);
+}

@@ -5,7 +5,8 @@
 //! - a burst of one cohort lands on one replica as one batch (a leader and followers), the
 //!   followers' engine-reported `cached_tokens` cover the shared prefix, and every caller's
 //!   SSE stream arrives whole (role, content, usage, `[DONE]`);
-//! - a caller that hangs up mid-stream cancels only its own member: the others finish.
+//! - a caller that hangs up mid-stream cancels only its own member: the others finish;
+//! - SIGTERM drains: a request the front accepted is answered in full before it exits.
 //!
 //! Needs `scripts/setup` (Envoy, llama-server and the model), `scripts/build-wasm` and the
 //! `cohort` binary; `scripts/test` provides all of them.
@@ -238,6 +239,26 @@ fn a_caller_hanging_up_cancels_only_its_own_member() {
     assert_eq!(finished.iter().flatten().count(), 2);
     let cancelled = stack.batcher.metric("cohort_front_cancelled_total");
     assert!(cancelled >= 1.0, "the front saw the hang-up: {cancelled}");
+}
+
+#[test]
+fn sigterm_drains_what_the_front_accepted() {
+    let mut stack = stack();
+    let port = stack.envoy.listen_port;
+    let tag = format!("drain-{}", std::process::id());
+    let member = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| read_member(port, &tag, 0, 48));
+        // Let the request reach the engine, then stop the batcher under it.
+        std::thread::sleep(Duration::from_millis(800));
+        let status = stack.batcher.terminate().expect("the batcher was running");
+        assert!(status.success(), "exits 0 after draining: {status}");
+        reader.join().unwrap()
+    });
+    assert_eq!(member.role, "leader");
+    assert_eq!(
+        member.completion_tokens, 48,
+        "the whole answer, after SIGTERM"
+    );
 }
 
 fn roles(members: &[Member]) -> Vec<String> {
