@@ -258,6 +258,11 @@ impl Context for CohortHttp {
                 let mut headers = vec![(config.headers.shard.clone(), assignment.shard.clone())];
                 if config.mode == Mode::Batch {
                     headers.push((config.headers.batch.clone(), shard_index.to_string()));
+                    // The front salts engine caches per tenant (vLLM `cache_salt`): hand it
+                    // the tenant the mesh established (a client's value was removed).
+                    if let Some(tenant) = &plan.tenant {
+                        headers.push((config.tenant_header.clone(), tenant.clone()));
+                    }
                 }
                 if !assignment.cluster.is_empty() {
                     cluster = assignment.cluster.clone();
