@@ -2,7 +2,9 @@
 //!
 //! - `cohort serve`: the batcher (gRPC Assign/Observe/Status, /metrics, /healthz, /readyz,
 //!   and batch mode's HTTP front when replicas have URLs);
-//! - `cohort fingerprint`: the fingerprint core over JSONL request logs.
+//! - `cohort fingerprint`: the fingerprint core over JSONL request logs;
+//! - `cohort score`: batch-friendliness (0–1) of prompt corpora;
+//! - `cohort lint`: cache-hostile prompt templates, scored 0–1.
 
 mod commands;
 mod front;
@@ -27,11 +29,18 @@ enum Command {
     Serve(serve::config::ServeArgs),
     /// Fingerprint request bodies from JSONL (a file or stdin) and write JSONL records.
     Fingerprint(commands::fingerprint::Args),
+    /// Score how batch-friendly prompt corpora are (0-1); exit 1 below --min-score.
+    Score(commands::score::Args),
+    /// Lint prompt templates for prefix-cache hostility; exit 1 below --min-score.
+    Lint(commands::lint::Args),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<std::process::ExitCode> {
+    let ok = |r: anyhow::Result<()>| r.map(|()| std::process::ExitCode::SUCCESS);
     match Cli::parse().command {
-        Command::Serve(args) => commands::serve::run(args),
-        Command::Fingerprint(args) => commands::fingerprint::run(args),
+        Command::Serve(args) => ok(commands::serve::run(args)),
+        Command::Fingerprint(args) => ok(commands::fingerprint::run(args)),
+        Command::Score(args) => commands::score::run(args),
+        Command::Lint(args) => commands::lint::run(args),
     }
 }

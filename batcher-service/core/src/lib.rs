@@ -6,6 +6,7 @@
 //! - [`batch`]: co-batching (which requests share a dispatch, and when each goes).
 //! - [`engines`]: engine adapters (llama.cpp, vLLM, SGLang, TGI, OpenAI, Anthropic).
 //! - [`predict`]: which cohorts come next (for prefetch warm-ups).
+//! - [`score`]: batch-friendliness of prompt corpora and templates (`cohort score`, `cohort lint`).
 //! - [`replay`]: trace replays that measure the policy against bounds and baselines.
 //!
 //! The gRPC server, the HTTP endpoints and the CLI live in the `cohort-batcher` crate and
@@ -17,4 +18,5 @@ pub mod engines;
 pub mod policy;
 pub mod predict;
 pub mod replay;
+pub mod score;
 pub mod store;

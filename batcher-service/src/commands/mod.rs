@@ -1,4 +1,7 @@
-//! One module per `cohort` subcommand.
+//! One module per `cohort` subcommand (and `inputs`, what `score` and `lint` share).
 
 pub mod fingerprint;
+mod inputs;
+pub mod lint;
+pub mod score;
 pub mod serve;
