@@ -89,9 +89,19 @@ fn vllm_members_carry_their_tenant_salt_and_their_adapter_is_loaded_once() {
         posts[0].1,
         json!({"lora_name": "sql-lora", "lora_path": "/adapters/sql"})
     );
+    assert_eq!(
+        posts[1].1["cache_salt"], posts[2].1["cache_salt"],
+        "one tenant, one salt"
+    );
     for (path, body) in &posts[1..] {
         assert_eq!(path, CHAT);
-        assert_eq!(body["cache_salt"], "acme");
+        let salt = body["cache_salt"].as_str().unwrap();
+        assert_eq!(
+            salt.len(),
+            64,
+            "a keyed hash of the tenant, not its name: {salt}"
+        );
+        assert!(!salt.contains("acme"));
         assert_eq!(body["model"], "sql-lora");
     }
     for upstream in &upstreams {

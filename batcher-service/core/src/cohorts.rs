@@ -156,8 +156,9 @@ impl<S: Store> Cohorts<S> {
         now_s < state.last_seen_s.saturating_add(self.idle_ttl_s)
     }
 
-    /// Best and runner-up cohorts of `tenant` by exact cosine to the unit vector `u`.
-    fn nearest(&self, tenant: u32, u: &[f32; DIMS], now_s: u32) -> [Option<(u32, f32)>; 2] {
+    /// Cohorts of `tenant` nearest to the unit vector `u` by exact cosine (at most
+    /// [`CANDIDATES`] from the store, re-ranked), best first.
+    fn ranked(&self, tenant: u32, u: &[f32; DIMS], now_s: u32) -> Vec<(u32, f32)> {
         let mut ranked: Vec<(u32, f32)> = self
             .store
             .top_k(tenant, &quantise(u), CANDIDATES, now_s)
@@ -178,7 +179,42 @@ impl<S: Store> Cohorts<S> {
             })
             .collect();
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        ranked
+    }
+
+    /// Best and runner-up cohorts of `tenant` by exact cosine to the unit vector `u`.
+    fn nearest(&self, tenant: u32, u: &[f32; DIMS], now_s: u32) -> [Option<(u32, f32)>; 2] {
+        let ranked = self.ranked(tenant, u, now_s);
         [ranked.first().copied(), ranked.get(1).copied()]
+    }
+
+    /// The live cohorts of `tenant` nearest to `sketch` (id, cosine), best first, at most
+    /// `k` (≤ [`CANDIDATES`]): what the inspector's playground shows.
+    pub fn nearest_cohorts(
+        &self,
+        tenant: u32,
+        sketch: &SketchBytes,
+        k: usize,
+        now_s: u32,
+    ) -> Vec<(u32, f32)> {
+        let Some(u) = unit(sketch) else {
+            return Vec::new();
+        };
+        let mut ranked = self.ranked(tenant, &u, now_s);
+        ranked.truncate(k);
+        ranked
+    }
+
+    /// Every live cohort: (id, tenant, members, last seen), most members first.
+    pub fn live(&self, now_s: u32) -> Vec<(u32, u32, u32, u32)> {
+        let mut live: Vec<_> = self
+            .states
+            .iter()
+            .filter(|(_, s)| self.alive(s, now_s))
+            .map(|(&id, s)| (id, s.tenant, s.members, s.last_seen_s))
+            .collect();
+        live.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
+        live
     }
 
     fn judge(

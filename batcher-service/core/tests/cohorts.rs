@@ -144,3 +144,30 @@ fn zero_sketch_answers_no_cohort() {
     assert_eq!(c.counters().created, 0);
     assert_eq!(c.store().stats().entries, 0);
 }
+
+#[test]
+fn the_inspector_lists_live_cohorts_and_ranks_the_nearest() {
+    let mut c = cohorts(600);
+    let x = axis(&[(0, 100)]);
+    let y = axis(&[(1, 100)]);
+    let a = c.observe(1, &x, 0.5, 0).cohort;
+    c.observe(1, &x, 0.5, 1);
+    let b = c.observe(1, &y, 0.5, 2).cohort;
+    c.observe(2, &x, 0.5, 3);
+    let live = c.live(10);
+    assert_eq!(live.len(), 3);
+    assert_eq!(
+        (live[0].0, live[0].1, live[0].2),
+        (a, 1, 2),
+        "most members first"
+    );
+    let near = c.nearest_cohorts(1, &axis(&[(0, 90), (1, 30)]), 5, 10);
+    assert_eq!(near.iter().map(|n| n.0).collect::<Vec<_>>(), vec![a, b]);
+    assert!(near[0].1 > 0.9 && near[1].1 < 0.5, "{near:?}");
+    assert!(
+        c.nearest_cohorts(3, &x, 5, 10).is_empty(),
+        "other tenants' cohorts stay hidden"
+    );
+    assert!(c.nearest_cohorts(1, &[0; 32], 5, 10).is_empty());
+    assert!(c.live(10_000).is_empty(), "idle cohorts are not live");
+}

@@ -4,7 +4,7 @@
 //! metric names and API shapes (`…/sglang/`, `…/tgi/`; marked so in each file).
 
 use cohort_batcher_core::batch::Release;
-use cohort_batcher_core::engines::{EngineKind, LoraAdapter, Member};
+use cohort_batcher_core::engines::{cache_salt, EngineKind, LoraAdapter, Member};
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 
@@ -30,7 +30,7 @@ fn llamacpp_pins_a_slot_and_reads_its_counters() {
     engine.prepare(
         &mut body,
         &Member {
-            tenant: Some("acme"),
+            salt: Some("5a17"),
             slot: Some(1),
         },
     );
@@ -62,24 +62,30 @@ fn vllm_salts_per_tenant_and_loads_adapters_at_run_time() {
     let engine = EngineKind::Vllm.adapter();
     assert_eq!(engine.release(), Release::AfterLeaderPrefill);
     let mut body = chat();
+    let salt = cache_salt(b"secret", Some("acme"), None).unwrap();
     engine.prepare(
         &mut body,
         &Member {
-            tenant: Some("acme"),
+            salt: Some(&salt),
             slot: None,
         },
     );
-    assert_eq!(body["cache_salt"], "acme");
+    assert_eq!(body["cache_salt"], salt.as_str());
     let mut own = chat();
     own.insert("cache_salt".into(), json!("client-set"));
+    let mixed = cache_salt(b"secret", Some("acme"), Some("client-set")).unwrap();
     engine.prepare(
         &mut own,
         &Member {
-            tenant: Some("acme"),
+            salt: Some(&mixed),
             slot: None,
         },
     );
-    assert_eq!(own["cache_salt"], "client-set", "a client's salt is kept");
+    assert_eq!(
+        own["cache_salt"],
+        mixed.as_str(),
+        "a client's salt is mixed into its tenant's, never sent as is"
+    );
     let mut anonymous = chat();
     engine.prepare(&mut anonymous, &Member::default());
     assert!(!anonymous.contains_key("cache_salt"));
@@ -105,7 +111,7 @@ fn vllm_recorded_answers_match_the_adapter() {
     assert_eq!(m.kv_usage, Some(0.0));
     assert_eq!((m.running, m.waiting), (Some(0.0), Some(0.0)));
     let during = engine.parse_metrics(&fixture("vllm/metrics-during.txt"));
-    assert_eq!(during.running, Some(1.0));
+    assert!(during.running.unwrap() >= 1.0, "the leader was running");
     assert!(during.kv_usage.unwrap() > 0.0);
 
     let followers: Vec<Value> = serde_json::from_str(&fixture("vllm/followers.json")).unwrap();
@@ -162,7 +168,7 @@ fn generic_servers_are_left_alone() {
         engine.prepare(
             &mut body,
             &Member {
-                tenant: Some("acme"),
+                salt: Some("5a17"),
                 slot: Some(3),
             },
         );

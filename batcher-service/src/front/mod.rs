@@ -42,7 +42,7 @@ use axum::routing::post;
 use axum::Router;
 use cohort_batcher_core::batch::{Admission, BatchConfig, BatchId, BatchTable, Release, SlotTable};
 use cohort_batcher_core::engines::{
-    warmup_body, Engine, EngineKind, EngineMetrics, FrontApi, LoraAdapter, Member,
+    cache_salt, warmup_body, Engine, EngineKind, EngineMetrics, FrontApi, LoraAdapter, Member,
 };
 use cohort_batcher_core::predict::{PredictConfig, PrefetchLevel};
 use cohort_fingerprint::shard::jump_hash;
@@ -128,6 +128,8 @@ pub struct Front {
     stats: FrontStats,
     clock: Clock,
     stop: watch::Receiver<bool>,
+    /// The deployment secret keying engine cache salts.
+    secret: Vec<u8>,
 }
 
 /// What the front knows about one request after parsing.
@@ -136,10 +138,12 @@ struct Parsed {
     body: Map<String, Value>,
     cohort: u64,
     hint: usize,
-    tenant: Option<String>,
+    /// The engine cache salt ([`cache_salt`]).
+    salt: Option<String>,
     tenant_hash: u64,
     context: u64,
     level: PrefetchLevel,
+    received: Instant,
 }
 
 /// Where and how to send one request.
@@ -147,11 +151,13 @@ struct Dispatch {
     api: FrontApi,
     replica: usize,
     slot: Option<usize>,
-    tenant: Option<String>,
+    salt: Option<String>,
     body: SendBody,
     role: &'static str,
     /// `(cohort, batch)` when this is a batch leader.
     leads: Option<(u64, BatchId)>,
+    /// When the front received the request (the heatmap's time to first byte).
+    received: Instant,
 }
 
 enum SendBody {
@@ -223,6 +229,7 @@ impl Front {
             config: config.batch.clone(),
             clock,
             stop,
+            secret: config.salt_secret.as_bytes().to_vec(),
         }
     }
 
@@ -299,15 +306,18 @@ impl Front {
         let level = header(headers, "x-cohort-prefetch")
             .and_then(prefetch_level)
             .unwrap_or(self.default_level);
+        let client_salt = map.get("cache_salt").and_then(Value::as_str);
+        let salt = cache_salt(&self.secret, tenant.as_deref(), client_salt);
         Some(Parsed {
             api,
             body: map,
             cohort,
             hint,
-            tenant,
+            salt,
             tenant_hash,
             context,
             level,
+            received: Instant::now(),
         })
     }
 
@@ -325,10 +335,11 @@ impl Front {
                 api,
                 replica,
                 slot: None,
-                tenant: header(&headers, "x-cohort-tenant").map(str::to_owned),
+                salt: None,
                 body: SendBody::Raw(body),
                 role: "direct",
                 leads: None,
+                received: Instant::now(),
             };
             return self.send(send, &headers).await;
         };
@@ -422,10 +433,11 @@ impl Front {
             api: parsed.api,
             replica,
             slot,
-            tenant: parsed.tenant,
+            salt: parsed.salt,
             body: SendBody::Json(parsed.body),
             role: "leader",
             leads: Some((parsed.cohort, batch)),
+            received: parsed.received,
         };
         self.send(send, headers).await
     }
@@ -476,10 +488,11 @@ impl Front {
             api: parsed.api,
             replica,
             slot,
-            tenant: parsed.tenant,
+            salt: parsed.salt,
             body: SendBody::Json(parsed.body),
             role,
             leads: None,
+            received: parsed.received,
         };
         self.send(send, headers).await
     }
@@ -504,7 +517,7 @@ impl Front {
                     target.engine.prepare(
                         &mut map,
                         &Member {
-                            tenant: send.tenant.as_deref(),
+                            salt: send.salt.as_deref(),
                             slot,
                         },
                     );
@@ -566,12 +579,15 @@ impl Front {
         if let Ok(value) = HeaderValue::from_str(&tag) {
             parts.headers.insert("x-cohort-batch", value);
         }
-        let on_first: Box<dyn FnOnce() + Send + Sync> = match send.leads {
-            Some((cohort, batch)) => {
-                let front = Arc::clone(self);
-                Box::new(move || front.leader_prefilled(cohort, batch))
-            }
-            None => Box::new(|| {}),
+        let on_first: Box<dyn FnOnce() + Send + Sync> = {
+            let front = Arc::clone(self);
+            let (leads, received) = (send.leads, send.received);
+            Box::new(move || {
+                front.stats.heatmap.record(received.elapsed());
+                if let Some((cohort, batch)) = leads {
+                    front.leader_prefilled(cohort, batch);
+                }
+            })
         };
         let front = Arc::clone(self);
         let on_end = Box::new(move |finished: bool| {
@@ -633,7 +649,7 @@ impl Front {
             target.engine.prepare(
                 &mut body,
                 &Member {
-                    tenant: parsed.tenant.as_deref(),
+                    salt: parsed.salt.as_deref(),
                     slot,
                 },
             );
@@ -718,6 +734,11 @@ impl Front {
         });
         drop(states);
         self.prefetch.expire(now_ms);
+    }
+
+    /// The front's part of the inspector page: the live latency heatmap.
+    pub fn inspector_state(&self) -> serde_json::Value {
+        self.stats.heatmap.to_json()
     }
 
     /// The front's part of `/metrics`.

@@ -1,7 +1,10 @@
 //! The front's counters and histograms, and their part of the `/metrics` page.
 
 use crate::serve::metrics::{Histogram, Page};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// Why a request went to an engine without batching.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +31,63 @@ pub struct FrontStats {
     pub lora_load_errors: AtomicU64,
     batch_size: BatchSizes,
     pub queue_wait: QueueWait,
+    pub heatmap: Heatmap,
+}
+
+/// Time to first byte of the front's requests over the last minutes, for the inspector's
+/// live heatmap: one column per `COLUMN` of wall time, one row per latency bucket.
+pub struct Heatmap {
+    started: Instant,
+    columns: Mutex<VecDeque<(u64, [u32; HEATMAP_ROWS.len() + 1])>>,
+}
+
+/// Upper bounds of the heatmap's rows, ms (a last row takes the rest).
+pub const HEATMAP_ROWS: [u64; 9] = [25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000];
+const COLUMN: Duration = Duration::from_secs(10);
+const COLUMNS: usize = 30;
+
+impl Default for Heatmap {
+    fn default() -> Self {
+        Heatmap {
+            started: Instant::now(),
+            columns: Mutex::new(VecDeque::new()),
+        }
+    }
+}
+
+impl Heatmap {
+    pub fn record(&self, first_byte: Duration) {
+        let column = self.started.elapsed().as_secs() / COLUMN.as_secs();
+        let ms = first_byte.as_millis() as u64;
+        let row = HEATMAP_ROWS
+            .iter()
+            .position(|&b| ms <= b)
+            .unwrap_or(HEATMAP_ROWS.len());
+        let mut columns = self.columns.lock().unwrap_or_else(|e| e.into_inner());
+        if columns.back().is_none_or(|(c, _)| *c != column) {
+            columns.push_back((column, [0; HEATMAP_ROWS.len() + 1]));
+            while columns.len() > COLUMNS {
+                columns.pop_front();
+            }
+        }
+        if let Some((_, counts)) = columns.back_mut() {
+            counts[row] += 1;
+        }
+    }
+
+    /// `{"rows_ms": [...], "column_s": 10, "columns": [{"age_s", "counts"}]}`, oldest first.
+    pub fn to_json(&self) -> serde_json::Value {
+        let now = self.started.elapsed().as_secs() / COLUMN.as_secs();
+        let columns = self.columns.lock().unwrap_or_else(|e| e.into_inner());
+        serde_json::json!({
+            "rows_ms": HEATMAP_ROWS,
+            "column_s": COLUMN.as_secs(),
+            "columns": columns.iter().map(|(c, counts)| serde_json::json!({
+                "age_s": (now - c) * COLUMN.as_secs(),
+                "counts": counts.to_vec(),
+            })).collect::<Vec<_>>(),
+        })
+    }
 }
 
 pub struct BatchSizes(pub Histogram);

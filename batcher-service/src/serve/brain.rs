@@ -36,6 +36,9 @@ const UNKNOWN_REPLICA: u16 = u16::MAX;
 const MAX_COHORTS: usize = 65_536;
 /// Prompt bytes per token, for the policy's cost estimate before tokenisation.
 const BYTES_PER_TOKEN: u32 = 4;
+/// (cohort, source) pairs counted for the inspector's batch pivot; beyond, new pairs are
+/// not counted (the page says so).
+const PIVOT_CAP: usize = 4096;
 
 /// Counters read by `/metrics` and `Status`.
 #[derive(Default)]
@@ -56,6 +59,9 @@ pub struct Brain {
     store: CpuStore,
     counters: Counters,
     assign_seconds: Histogram,
+    /// Observed requests per (cohort, source), for the inspector's batch pivot. The source
+    /// is the tenant the mesh established: the calling workload's identity.
+    pivot: Mutex<std::collections::HashMap<(u32, String), u64>>,
 }
 
 fn tenant_hash(tenant: &str) -> u32 {
@@ -104,6 +110,7 @@ impl Brain {
             }),
             counters: Counters::default(),
             assign_seconds: Histogram::decision_seconds(),
+            pivot: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -177,6 +184,7 @@ impl Brain {
         let now_s = secs(now_ms);
         let membership =
             lock(&self.cohorts).observe(tenant, &sketch, threshold(knobs.batch_threshold), now_s);
+        self.count_pivot(membership.cohort, &request.tenant);
         let replica = self
             .replicas
             .iter()
@@ -195,6 +203,73 @@ impl Brain {
             },
             now_s,
         );
+    }
+
+    fn count_pivot(&self, cohort: u32, source: &str) {
+        let mut pivot = lock(&self.pivot);
+        let len = pivot.len();
+        match pivot.get_mut(&(cohort, source.to_owned())) {
+            Some(n) => *n += 1,
+            None if len < PIVOT_CAP => {
+                pivot.insert((cohort, source.to_owned()), 1);
+            }
+            None => {}
+        }
+    }
+
+    /// The inspector's view: live cohorts, the batch pivot (cohort × source), store
+    /// statistics. Sources are tenant names as the mesh set them; prompts never appear.
+    pub fn inspector_state(&self, now_ms: u64) -> serde_json::Value {
+        let now_s = secs(now_ms);
+        let cohorts = lock(&self.cohorts);
+        let live = cohorts.live(now_s);
+        let counters = cohorts.counters();
+        drop(cohorts);
+        let mut pivot: Vec<_> = lock(&self.pivot)
+            .iter()
+            .map(|((c, src), n)| (*c, src.clone(), *n))
+            .collect();
+        pivot.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
+        let store = self.store.stats();
+        serde_json::json!({
+            "cohorts": live.iter().take(50).map(|&(id, tenant, members, last)| serde_json::json!({
+                "cohort": format!("{id:08x}"),
+                "tenant": format!("{tenant:08x}"),
+                "members": members,
+                "idle_s": now_s.saturating_sub(last),
+            })).collect::<Vec<_>>(),
+            "cohorts_live": live.len(),
+            "cohorts_created": counters.created,
+            "semantic_conflicts": counters.conflicts,
+            "pivot": pivot.iter().take(200).map(|(c, src, n)| serde_json::json!({
+                "cohort": format!("{c:08x}"),
+                "source": if src.is_empty() { "(no tenant)" } else { src.as_str() },
+                "requests": n,
+            })).collect::<Vec<_>>(),
+            "pivot_full": lock(&self.pivot).len() >= PIVOT_CAP,
+            "store": {
+                "entries": store.entries,
+                "bytes": store.bytes,
+                "evictions": store.evictions,
+                "expirations": store.expirations,
+            },
+            "observations": self.counters.observations.load(Ordering::Relaxed),
+            "assigns": self.counters.assigns.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The live cohorts of `tenant` nearest to `sketch`: (cluster id, cosine).
+    pub fn nearest_cohorts(
+        &self,
+        tenant: &str,
+        sketch: &SketchBytes,
+        now_ms: u64,
+    ) -> Vec<(String, f32)> {
+        lock(&self.cohorts)
+            .nearest_cohorts(tenant_hash(tenant), sketch, 5, secs(now_ms))
+            .into_iter()
+            .map(|(id, cos)| (format!("{id:08x}"), cos))
+            .collect()
     }
 
     /// Periodic upkeep: expired fingerprints and idle cohorts go.

@@ -237,6 +237,12 @@ pub struct ServeConfig {
     pub batch: BatchSection,
     pub prefetch: PrefetchSection,
     pub lora: Vec<LoraSection>,
+    /// Deployment secret keying the engine cache salts of batch mode (vLLM `cache_salt`);
+    /// set it (`COHORT_SALT_SECRET`) so salts cannot be guessed from tenant names.
+    pub salt_secret: String,
+    /// The inspector's browser build (a directory holding `pkg/`); default: `../ui` next
+    /// to the binary (`.cohort/ui` for `.cohort/bin/cohort`).
+    pub ui_assets: Option<PathBuf>,
     /// Seconds to let in-flight calls finish after SIGTERM before exiting.
     pub drain_s: u64,
 }
@@ -254,6 +260,8 @@ impl Default for ServeConfig {
             batch: BatchSection::default(),
             prefetch: PrefetchSection::default(),
             lora: Vec::new(),
+            ui_assets: None,
+            salt_secret: String::new(),
             drain_s: 10,
         }
     }
@@ -271,6 +279,12 @@ pub struct ServeArgs {
     /// HTTP listen address (/metrics, /healthz, /readyz).
     #[arg(long, env = "COHORT_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
+    /// Deployment secret keying engine cache salts (as the filter's `salt_secret`).
+    #[arg(long, env = "COHORT_SALT_SECRET", hide_env_values = true)]
+    pub salt_secret: Option<String>,
+    /// The inspector's browser build (a directory holding `pkg/`).
+    #[arg(long, env = "COHORT_UI_ASSETS")]
+    pub ui_assets: Option<PathBuf>,
     /// Batch mode's front listen address (OpenAI / Anthropic APIs).
     #[arg(long, env = "COHORT_FRONT_LISTEN")]
     pub front_listen: Option<SocketAddr>,
@@ -345,6 +359,12 @@ impl ServeConfig {
         if let Some(addr) = args.http_listen {
             config.http_listen = addr;
         }
+        if let Some(secret) = &args.salt_secret {
+            config.salt_secret = secret.clone();
+        }
+        if let Some(dir) = &args.ui_assets {
+            config.ui_assets = Some(dir.clone());
+        }
         if let Some(addr) = args.front_listen {
             config.batch.listen = addr;
         }
@@ -405,6 +425,16 @@ impl ServeConfig {
             return Err(ConfigError::Slack(slack));
         }
         self.validate_front()
+    }
+
+    /// The inspector's asset directory: as configured, else `../ui` beside the binary
+    /// when it exists.
+    pub fn ui_assets_dir(&self) -> Option<PathBuf> {
+        self.ui_assets.clone().or_else(|| {
+            let exe = std::env::current_exe().ok()?;
+            let dir = exe.parent()?.parent()?.join("ui");
+            dir.is_dir().then_some(dir)
+        })
     }
 
     /// Whether batch mode's front runs (every replica has a url).

@@ -1,6 +1,7 @@
 //! The batcher's HTTP endpoints for operators: `/metrics` (Prometheus text), `/healthz`
 //! (the process is up) and `/readyz` (listening and not draining; a Kubernetes readiness
-//! probe takes a draining batcher out of its Service before it stops).
+//! probe takes a draining batcher out of its Service before it stops), and the inspector
+//! page under `/ui` (see [`super::inspect`]).
 
 use super::brain::Brain;
 use super::metrics::Page;
@@ -21,6 +22,8 @@ pub struct HttpState {
     pub ready: Arc<AtomicBool>,
     /// Batch mode's front, when it runs: its metrics join the page.
     pub front: Option<Arc<Front>>,
+    /// Where the inspector's browser build lives (`pkg/`), if installed.
+    pub ui_assets: Option<std::path::PathBuf>,
 }
 
 pub fn router(state: HttpState) -> Router {
@@ -28,6 +31,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .merge(super::inspect::routes())
         .with_state(state)
 }
 

@@ -12,6 +12,7 @@ pub mod brain;
 pub mod config;
 mod grpc;
 mod http;
+mod inspect;
 pub mod metrics;
 
 use crate::front::Front;
@@ -116,6 +117,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             clock,
             ready: Arc::clone(&ready),
             front: front.clone(),
+            ui_assets: config.ui_assets_dir(),
         });
         async move {
             axum::serve(http_listener, router)

@@ -123,10 +123,40 @@ impl FrontApi {
 /// Who a dispatched request is, for the adapter's body rewrite.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Member<'a> {
-    /// The tenant (from the mesh-set tenant header), if any.
-    pub tenant: Option<&'a str>,
+    /// The engine cache salt for this request ([`cache_salt`]), if it has a tenant or
+    /// asked for one.
+    pub salt: Option<&'a str>,
     /// The slot the cohort is pinned to, for engines with [`Release::SameSlot`].
     pub slot: Option<usize>,
+}
+
+/// The engine prefix-cache salt of a request: 64 hex characters of
+/// SHA-256(secret ‖ tenant ‖ the client's own salt), or `None` when the request has
+/// neither a tenant nor a salt of its own (it then shares the cache, as without Cohort).
+///
+/// Keyed by the deployment secret, a salt cannot be guessed from a tenant's name, so one
+/// tenant cannot probe another's cached prefixes by timing (vLLM asks for unguessable
+/// salts); mixing in the client's salt keeps a client's own partitioning without letting
+/// it reach into another tenant's. Hex only: vLLM refuses salts with `/`, `@`, `\`.
+pub fn cache_salt(
+    secret: &[u8],
+    tenant: Option<&str>,
+    client_salt: Option<&str>,
+) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    if tenant.is_none_or(str::is_empty) && client_salt.is_none_or(str::is_empty) {
+        return None;
+    }
+    let mut hash = Sha256::new();
+    for part in [
+        secret,
+        tenant.unwrap_or("").as_bytes(),
+        client_salt.unwrap_or("").as_bytes(),
+    ] {
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part);
+    }
+    Some(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// What the front reads from an engine's `/metrics`. Absent values are `None`.
@@ -230,6 +260,33 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("triton"));
+    }
+
+    #[test]
+    fn cache_salts_are_keyed_per_tenant_and_hex() {
+        let a = cache_salt(b"secret", Some("org/team-a"), None).unwrap();
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(
+            Some(&a),
+            cache_salt(b"secret", Some("org/team-b"), None).as_ref()
+        );
+        assert_ne!(
+            Some(&a),
+            cache_salt(b"other", Some("org/team-a"), None).as_ref()
+        );
+        assert_ne!(
+            Some(&a),
+            cache_salt(b"secret", Some("org/team-a"), Some("x")).as_ref()
+        );
+        // Length-prefixed parts: moving bytes between tenant and client salt changes it.
+        assert_ne!(
+            cache_salt(b"s", Some("ab"), Some("c")),
+            cache_salt(b"s", Some("a"), Some("bc"))
+        );
+        assert_eq!(cache_salt(b"secret", None, None), None);
+        assert_eq!(cache_salt(b"secret", Some(""), Some("")), None);
+        assert!(cache_salt(b"secret", None, Some("mine")).is_some());
     }
 
     #[test]

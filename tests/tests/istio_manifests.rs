@@ -1,0 +1,1500 @@
+//! Checks what Cohort ships for Istio (`istio/`, except the standalone Envoy configs in
+//! `istio/envoy/` and the dashboards) against the schemas a cluster would use, so a misspelt
+//! field or a bad value fails here rather than at `kubectl apply`, or silently: Kubernetes
+//! drops a CRD's unknown fields without a word.
+//!
+//! - Istio kinds: the OpenAPI schemas of Istio's own CRDs (`data/istio/istio-crds.gen.yaml`),
+//!   made strict: an object schema that lists `properties` and does not say
+//!   `x-kubernetes-preserve-unknown-fields` refuses any other property.
+//! - Kubernetes kinds (StatefulSet, Deployment, Service, PodDisruptionBudget): Kubernetes' own
+//!   schemas, strict variant (`data/kubernetes/`). Kustomization: a hand-written schema of the
+//!   kustomize fields (no published schema is available offline).
+//! - The filter configuration inside every EnvoyFilter and WasmPlugin: parsed by the filter's
+//!   own `FilterConfig::parse`; the Wasm settings match `istio/envoy/affinity.yaml`.
+//! - Each kustomization is built as kustomize would (resources, JSON 6902 patches, namespace,
+//!   labels, images), validated again and cross-checked (shards, Services, subsets, routes).
+//! - Planted errors (a wrong field name, a bad enum value, a wrong type, ...) must fail.
+//! - `scripts/build-oci` writes a well-formed OCI image layout holding the built filter.
+//! - The Grafana dashboard queries only metrics documented in `docs/METRICS.md`.
+
+use cohort_filter::config::{FilterConfig, Mode};
+use cohort_tests::client::post_json;
+use cohort_tests::config as cohort_config;
+use cohort_tests::envoy::Envoy;
+use cohort_tests::free_port;
+use cohort_tests::upstream::Upstream;
+use jsonschema::{Draft, Validator};
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The documents of a multi-document YAML text, as JSON values (empty documents skipped).
+fn yaml_documents(text: &str, origin: &str) -> Vec<Value> {
+    let mut documents = vec![String::new()];
+    for line in text.lines() {
+        if line.trim_end() == "---" {
+            documents.push(String::new());
+        } else {
+            let current = documents.last_mut().unwrap();
+            current.push_str(line);
+            current.push('\n');
+        }
+    }
+    documents
+        .iter()
+        .map(|doc| {
+            serde_yaml::from_str::<Value>(doc)
+                .unwrap_or_else(|e| panic!("{origin}: not valid YAML: {e}"))
+        })
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+fn yaml_file(path: &Path) -> Vec<Value> {
+    yaml_documents(&read(path), &path.display().to_string())
+}
+
+/// Every manifest file under `istio/` (the standalone Envoy configs and dashboards aside).
+fn manifest_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if path.is_dir() {
+                if name != "envoy" && name != "dashboards" {
+                    walk(&path, out);
+                }
+            } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&workspace().join("istio"), &mut files);
+    files
+}
+
+/// A JSON 6902 patch file (a YAML list of operations) rather than a manifest.
+fn is_json_patch(documents: &[Value]) -> bool {
+    documents.len() == 1 && documents[0].is_array()
+}
+
+// ---------------------------------------------------------------------------------------
+// Schemas
+
+/// Validators by (apiVersion, kind).
+struct Catalogue {
+    validators: HashMap<(String, String), Validator>,
+}
+
+fn catalogue() -> &'static Catalogue {
+    static CATALOGUE: OnceLock<Catalogue> = OnceLock::new();
+    CATALOGUE.get_or_init(|| {
+        let mut validators = HashMap::new();
+        for (key, schema) in istio_schemas() {
+            let validator = jsonschema::options()
+                .with_draft(Draft::Draft4)
+                .build(&schema)
+                .unwrap_or_else(|e| panic!("schema of {key:?}: {e}"));
+            validators.insert(key, validator);
+        }
+        for (key, schema) in kubernetes_schemas() {
+            let validator = jsonschema::options()
+                .with_draft(Draft::Draft202012)
+                .build(&schema)
+                .unwrap_or_else(|e| panic!("schema of {key:?}: {e}"));
+            validators.insert(key, validator);
+        }
+        Catalogue { validators }
+    })
+}
+
+/// The schema of every version of every CRD in Istio's CRD file, strict, with the
+/// top-level apiVersion, kind and metadata (which CRD schemas leave to the API server).
+fn istio_schemas() -> Vec<((String, String), Value)> {
+    let path = workspace().join("data/istio/istio-crds.gen.yaml");
+    let mut out = Vec::new();
+    for crd in yaml_file(&path) {
+        if crd["kind"] != "CustomResourceDefinition" {
+            continue;
+        }
+        let group = crd["spec"]["group"].as_str().unwrap();
+        let kind = crd["spec"]["names"]["kind"].as_str().unwrap();
+        for version in crd["spec"]["versions"].as_array().unwrap() {
+            let api_version = format!("{group}/{}", version["name"].as_str().unwrap());
+            let mut schema = version["schema"]["openAPIV3Schema"].clone();
+            forbid_unknown_fields(&mut schema);
+            let properties = schema["properties"].as_object_mut().unwrap();
+            properties.insert("apiVersion".into(), json!({ "enum": [api_version] }));
+            properties.insert("kind".into(), json!({ "enum": [kind] }));
+            properties.insert("metadata".into(), object_meta_schema());
+            let required = schema
+                .as_object_mut()
+                .unwrap()
+                .entry("required")
+                .or_insert_with(|| json!([]));
+            required
+                .as_array_mut()
+                .unwrap()
+                .extend(["apiVersion", "kind", "metadata"].map(Value::from));
+            out.push(((api_version, kind.to_owned()), schema));
+        }
+    }
+    assert!(out.len() > 20, "{}: too few CRDs", path.display());
+    out
+}
+
+/// OpenAPI schemas in CRDs allow unknown properties unless told otherwise (the API server
+/// then prunes them). To catch a misspelt field, every object schema with `properties`
+/// refuses others, except where `x-kubernetes-preserve-unknown-fields` keeps free-form
+/// content (a WasmPlugin's pluginConfig, an EnvoyFilter's patch value). Only the structural
+/// parts are walked (properties, items, additionalProperties): the branches of
+/// anyOf/oneOf/allOf/not are value checks that list no fields of their own.
+fn forbid_unknown_fields(schema: &mut Value) {
+    let Some(object) = schema.as_object_mut() else {
+        return;
+    };
+    let preserve = object.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+    if let Some(properties) = object.get_mut("properties").and_then(Value::as_object_mut) {
+        properties.values_mut().for_each(forbid_unknown_fields);
+        if !preserve && !object.contains_key("additionalProperties") {
+            object.insert("additionalProperties".into(), Value::Bool(false));
+        }
+    }
+    if let Some(items) = object.get_mut("items") {
+        forbid_unknown_fields(items);
+    }
+    if let Some(values) = object.get_mut("additionalProperties") {
+        forbid_unknown_fields(values);
+    }
+}
+
+/// The metadata fields manifests set (a subset of Kubernetes' ObjectMeta), strict.
+fn object_meta_schema() -> Value {
+    let strings = json!({ "type": "object", "additionalProperties": { "type": "string" } });
+    json!({
+        "type": "object",
+        "required": ["name"],
+        "additionalProperties": false,
+        "properties": {
+            "name": { "type": "string", "minLength": 1 },
+            "namespace": { "type": "string" },
+            "labels": strings,
+            "annotations": strings,
+        }
+    })
+}
+
+/// Kubernetes' schemas for the core kinds used here, and kustomize's Kustomization.
+fn kubernetes_schemas() -> Vec<((String, String), Value)> {
+    let path = workspace().join("data/kubernetes/kubernetes-1.37-strict.json");
+    let bundle: Value = serde_json::from_str(&read(&path)).unwrap();
+    let kinds = [
+        ("apps/v1", "StatefulSet", "apps.v1.StatefulSet"),
+        ("apps/v1", "Deployment", "apps.v1.Deployment"),
+        ("v1", "Service", "v1.Service"),
+        (
+            "policy/v1",
+            "PodDisruptionBudget",
+            "policy.v1.PodDisruptionBudget",
+        ),
+    ];
+    let mut out: Vec<_> = kinds
+        .iter()
+        .map(|(api_version, kind, definition)| {
+            let schema = json!({
+                "$schema": bundle["$schema"],
+                "$defs": bundle["$defs"],
+                "$ref": format!("#/$defs/{definition}"),
+            });
+            ((api_version.to_string(), kind.to_string()), schema)
+        })
+        .collect();
+    out.push((
+        (
+            "kustomize.config.k8s.io/v1beta1".into(),
+            "Kustomization".into(),
+        ),
+        kustomization_schema(),
+    ));
+    out
+}
+
+/// The kustomize fields Cohort's kustomizations may use, strict. Written by hand from
+/// kustomize's documented Kustomization type (no schema for it ships in a registry package).
+fn kustomization_schema() -> Value {
+    let string = json!({ "type": "string" });
+    let strings = json!({ "type": "array", "items": { "type": "string" } });
+    let string_map = json!({ "type": "object", "additionalProperties": { "type": "string" } });
+    let strict = |properties: Value| json!({ "type": "object", "additionalProperties": false, "properties": properties });
+    let target = strict(json!({
+        "group": string, "version": string, "kind": string, "name": string,
+        "namespace": string, "labelSelector": string, "annotationSelector": string,
+    }));
+    let patch = strict(json!({
+        "path": string, "patch": string, "target": target,
+        "options": { "type": "object", "additionalProperties": { "type": "boolean" } },
+    }));
+    let label = strict(json!({
+        "pairs": string_map, "includeSelectors": { "type": "boolean" },
+        "includeTemplates": { "type": "boolean" },
+    }));
+    let image = strict(json!({
+        "name": string, "newName": string, "newTag": string, "digest": string,
+    }));
+    let mut schema = strict(json!({
+        "apiVersion": { "const": "kustomize.config.k8s.io/v1beta1" },
+        "kind": { "const": "Kustomization" },
+        "namespace": string,
+        "namePrefix": string,
+        "nameSuffix": string,
+        "resources": strings,
+        "components": strings,
+        "labels": { "type": "array", "items": label },
+        "commonAnnotations": string_map,
+        "images": { "type": "array", "items": image },
+        "patches": { "type": "array", "items": patch },
+    }));
+    schema["required"] = json!(["apiVersion", "kind"]);
+    schema
+}
+
+/// What is wrong with one object ("path: message" each), empty if it is valid.
+fn problems(object: &Value) -> Vec<String> {
+    let api_version = object["apiVersion"].as_str().unwrap_or("");
+    let kind = object["kind"].as_str().unwrap_or("");
+    let key = (api_version.to_owned(), kind.to_owned());
+    let Some(validator) = catalogue().validators.get(&key) else {
+        return vec![format!(
+            "no schema for apiVersion {api_version:?} kind {kind:?}"
+        )];
+    };
+    validator
+        .iter_errors(object)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect()
+}
+
+fn name_of(object: &Value) -> String {
+    format!(
+        "{} {}",
+        object["kind"].as_str().unwrap_or("?"),
+        object["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// The filter configuration inside the Istio objects
+
+/// The Wasm PluginConfig of an EnvoyFilter (the ECDS extension config or an inline filter).
+fn envoy_filter_wasm_configs(envoy_filter: &Value) -> Vec<&Value> {
+    let mut out = Vec::new();
+    for patch in envoy_filter["spec"]["configPatches"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let typed = &patch["patch"]["value"]["typed_config"];
+        let wasm = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+        if typed["@type"] == wasm {
+            out.push(&typed["config"]);
+        } else if typed["type_url"] == wasm {
+            out.push(&typed["value"]["config"]);
+        }
+    }
+    out
+}
+
+/// The filter configuration JSON of each EnvoyFilter and WasmPlugin among `objects`.
+fn filter_configs(objects: &[Value]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for object in objects {
+        match object["kind"].as_str() {
+            Some("EnvoyFilter") => {
+                for config in envoy_filter_wasm_configs(object) {
+                    let text = config["configuration"]["value"].as_str().unwrap_or("");
+                    out.push((name_of(object), text.to_owned()));
+                }
+            }
+            Some("WasmPlugin") => {
+                let config = object["spec"]["pluginConfig"].to_string();
+                out.push((name_of(object), config));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The Wasm filter config of the standalone affinity-mode Envoy config.
+fn standalone_wasm_config() -> Value {
+    let path = workspace().join("istio/envoy/affinity.yaml");
+    let envoy = &yaml_file(&path)[0];
+    let filters = &envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["http_filters"];
+    let cohort = filters
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "cohort")
+        .expect("cohort filter in istio/envoy/affinity.yaml");
+    cohort["typed_config"]["config"].clone()
+}
+
+// ---------------------------------------------------------------------------------------
+// A kustomize build, as far as Cohort's kustomizations use it
+
+fn build(dir: &Path) -> Vec<Value> {
+    let kustomization = yaml_file(&dir.join("kustomization.yaml")).remove(0);
+    let found = problems(&kustomization);
+    assert!(found.is_empty(), "{}: {found:#?}", dir.display());
+    let mut objects = Vec::new();
+    for resource in kustomization["resources"].as_array().into_iter().flatten() {
+        let path = dir.join(resource.as_str().unwrap());
+        if path.is_dir() {
+            objects.extend(build(&path));
+        } else {
+            objects.extend(yaml_file(&path));
+        }
+    }
+    for patch in kustomization["patches"].as_array().into_iter().flatten() {
+        let path = dir.join(patch["path"].as_str().expect("patches by path"));
+        let operations = yaml_file(&path).remove(0);
+        let target = &patch["target"];
+        let mut matched = 0;
+        for object in objects.iter_mut().filter(|o| targets(target, o)) {
+            matched += 1;
+            apply_json_patch(object, &operations)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+        assert_eq!(
+            matched,
+            1,
+            "{}: target {target} matched {matched} objects",
+            path.display()
+        );
+    }
+    for object in &mut objects {
+        let metadata = object["metadata"].as_object_mut().unwrap();
+        if let Some(namespace) = kustomization["namespace"].as_str() {
+            metadata.insert("namespace".into(), namespace.into());
+        }
+        for label in kustomization["labels"].as_array().into_iter().flatten() {
+            let labels = metadata
+                .entry("labels")
+                .or_insert_with(|| Value::Object(Map::new()));
+            for (key, value) in label["pairs"].as_object().unwrap() {
+                labels[key] = value.clone();
+            }
+        }
+        for image in kustomization["images"].as_array().into_iter().flatten() {
+            let containers = object.pointer_mut("/spec/template/spec/containers");
+            let containers = containers.and_then(Value::as_array_mut);
+            for container in containers.into_iter().flatten() {
+                if container["image"] == image["name"] {
+                    container["image"] = format!(
+                        "{}:{}",
+                        image["newName"].as_str().unwrap(),
+                        image["newTag"].as_str().unwrap()
+                    )
+                    .into();
+                }
+            }
+        }
+    }
+    objects
+}
+
+fn targets(target: &Value, object: &Value) -> bool {
+    let api_version = object["apiVersion"].as_str().unwrap_or("");
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let fits = |field: &str, actual: &str| target[field].as_str().is_none_or(|t| t == actual);
+    fits("group", group)
+        && fits("version", version)
+        && fits("kind", object["kind"].as_str().unwrap_or(""))
+        && fits("name", object["metadata"]["name"].as_str().unwrap_or(""))
+}
+
+/// RFC 6902 add, replace and remove (what the overlays use).
+fn apply_json_patch(document: &mut Value, operations: &Value) -> Result<(), String> {
+    for operation in operations
+        .as_array()
+        .ok_or("a patch is a list of operations")?
+    {
+        let path = operation["path"].as_str().ok_or("operation without path")?;
+        let (parent, last) = path.rsplit_once('/').ok_or("path must start with /")?;
+        let last = last.replace("~1", "/").replace("~0", "~");
+        let parent = document
+            .pointer_mut(parent)
+            .ok_or(format!("{path}: no such parent"))?;
+        let value = operation["value"].clone();
+        match (operation["op"].as_str(), parent) {
+            (Some("add"), Value::Array(items)) if last == "-" => items.push(value),
+            (Some("add"), Value::Array(items)) => {
+                let index: usize = last.parse().map_err(|_| format!("{path}: bad index"))?;
+                if index > items.len() {
+                    return Err(format!("{path}: index past the end"));
+                }
+                items.insert(index, value);
+            }
+            (Some("add"), Value::Object(fields)) => {
+                fields.insert(last, value);
+            }
+            (Some("replace"), parent) => {
+                let slot = match parent {
+                    Value::Array(items) => {
+                        last.parse::<usize>().ok().and_then(|i| items.get_mut(i))
+                    }
+                    Value::Object(fields) => fields.get_mut(&last),
+                    _ => None,
+                };
+                *slot.ok_or(format!("{path}: nothing to replace"))? = value;
+            }
+            (Some("remove"), Value::Array(items)) => {
+                let index: usize = last.parse().map_err(|_| format!("{path}: bad index"))?;
+                if index >= items.len() {
+                    return Err(format!("{path}: nothing to remove"));
+                }
+                items.remove(index);
+            }
+            (Some("remove"), Value::Object(fields)) => {
+                fields
+                    .remove(&last)
+                    .ok_or(format!("{path}: nothing to remove"))?;
+            }
+            (op, _) => return Err(format!("{path}: unsupported operation {op:?}")),
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Every shipped file is valid
+
+#[test]
+fn every_manifest_is_valid_against_its_schema() {
+    let files = manifest_files();
+    assert!(files.len() >= 15, "found only {files:?}");
+    let mut failures = Vec::new();
+    let mut objects = 0;
+    for path in &files {
+        let documents = yaml_file(path);
+        if is_json_patch(&documents) {
+            continue; // checked in the built kustomizations
+        }
+        for document in &documents {
+            objects += 1;
+            for problem in problems(document) {
+                failures.push(format!(
+                    "{} ({}): {problem}",
+                    path.display(),
+                    name_of(document)
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert!(objects >= 18, "validated only {objects} objects");
+}
+
+#[test]
+fn every_kustomization_builds_into_valid_objects() {
+    for dir in ["base", "batcher", "assign", "batch"] {
+        let objects = build(&workspace().join("istio").join(dir));
+        assert!(!objects.is_empty(), "{dir}: empty build");
+        for object in &objects {
+            let found = problems(object);
+            assert!(found.is_empty(), "{dir}: {}: {found:#?}", name_of(object));
+            assert_eq!(
+                object["metadata"]["namespace"],
+                "llm",
+                "{dir}: {}",
+                name_of(object)
+            );
+        }
+        let names: BTreeSet<_> = objects.iter().map(name_of).collect();
+        assert_eq!(
+            names.len(),
+            objects.len(),
+            "{dir}: an object twice: {names:?}"
+        );
+    }
+}
+
+#[test]
+fn every_filter_config_is_one_the_filter_accepts() {
+    let mut objects: Vec<Value> = manifest_files()
+        .iter()
+        .flat_map(|path| yaml_file(path))
+        .filter(|doc| !doc.is_array())
+        .collect();
+    for dir in ["assign", "batch"] {
+        objects.extend(build(&workspace().join("istio").join(dir)));
+    }
+    let configs = filter_configs(&objects);
+    assert!(configs.len() >= 5, "{configs:?}");
+    for (origin, json) in configs {
+        FilterConfig::parse(json.as_bytes())
+            .unwrap_or_else(|e| panic!("{origin}: the filter refuses {json}: {e}"));
+    }
+}
+
+#[test]
+fn wasm_settings_match_the_standalone_envoy_config() {
+    let standalone = standalone_wasm_config();
+    let base = build(&workspace().join("istio/base"));
+    let envoy_filter = base.iter().find(|o| o["kind"] == "EnvoyFilter").unwrap();
+    let configs = envoy_filter_wasm_configs(envoy_filter);
+    assert_eq!(configs.len(), 1);
+    let config = configs[0];
+    for field in [
+        "name",
+        "root_id",
+        "allow_on_headers_stop_iteration",
+        "failure_policy",
+    ] {
+        assert_eq!(config[field], standalone[field], "{field}");
+    }
+    assert_eq!(config["allow_on_headers_stop_iteration"], true);
+    assert_eq!(config["failure_policy"], "FAIL_OPEN");
+    assert_eq!(
+        config["vm_config"]["runtime"],
+        standalone["vm_config"]["runtime"]
+    );
+    assert_eq!(
+        config["configuration"], standalone["configuration"],
+        "affinity mode"
+    );
+    // The filter runs before the router, on the client side, with a buffer limit well above
+    // the filter's body limit (docs/FILTER.md, "Envoy requirements").
+    let patches = envoy_filter["spec"]["configPatches"].as_array().unwrap();
+    let http_filter = patches
+        .iter()
+        .find(|p| p["applyTo"] == "HTTP_FILTER")
+        .unwrap();
+    assert_eq!(http_filter["patch"]["operation"], "INSERT_BEFORE");
+    assert_eq!(
+        http_filter["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"],
+        "envoy.filters.http.router"
+    );
+    assert_eq!(http_filter["patch"]["value"]["name"], config["name"]);
+    // Fail open while the module is missing too: an RBAC filter without rules passes all.
+    let discovery = &http_filter["patch"]["value"]["config_discovery"];
+    assert_eq!(
+        discovery["default_config"],
+        json!({ "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC" })
+    );
+    assert_eq!(discovery["apply_default_config_without_warming"], true);
+    let type_urls = discovery["type_urls"].as_array().unwrap();
+    assert!(type_urls.contains(&discovery["default_config"]["@type"]));
+    let listener = patches.iter().find(|p| p["applyTo"] == "LISTENER").unwrap();
+    let limit = listener["patch"]["value"]["per_connection_buffer_limit_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(limit >= 8 * FilterConfig::default().body_limit_bytes as u64);
+
+    for path in manifest_files() {
+        for plugin in yaml_file(&path)
+            .iter()
+            .filter(|d| d["kind"] == "WasmPlugin")
+        {
+            let spec = &plugin["spec"];
+            assert_eq!(spec["failStrategy"], "FAIL_OPEN", "{}", path.display());
+            assert_eq!(
+                spec["pluginName"],
+                standalone["root_id"],
+                "{}",
+                path.display()
+            );
+            assert_eq!(spec["type"], "HTTP", "{}", path.display());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The overlays fit together
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn env<'a>(container: &'a Value, name: &str) -> &'a str {
+    container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str())
+        .unwrap_or_else(|| panic!("no env {name}"))
+}
+
+fn service_port(service: &Value, port: u64) -> bool {
+    service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["port"] == port)
+}
+
+/// Routes of a VirtualService: (header name, exact value, destination) per matched route.
+fn header_routes(virtual_service: &Value, header: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for route in virtual_service["spec"]["http"].as_array().unwrap() {
+        for condition in route["match"].as_array().into_iter().flatten() {
+            if let Some(value) = condition["headers"][header]["exact"].as_str() {
+                out.push((value.to_owned(), route["route"][0]["destination"].clone()));
+            }
+        }
+    }
+    out
+}
+
+fn check_batcher_wiring(dir: &str, mode: Mode) -> Vec<Value> {
+    let objects = build(&workspace().join("istio").join(dir));
+    let envoy_filter = find(&objects, "EnvoyFilter", "cohort");
+    let json = envoy_filter_wasm_configs(envoy_filter)[0]["configuration"]["value"]
+        .as_str()
+        .unwrap();
+    let config = FilterConfig::parse(json.as_bytes()).unwrap();
+    assert_eq!(config.mode, mode, "{dir}");
+
+    // One batcher cluster per shard, in shard order: the filter's jump hash picks index i,
+    // which must be the pod whose hostname ordinal (its shard index) is i.
+    let batcher = find(&objects, "StatefulSet", "cohort-batcher");
+    let container = &batcher["spec"]["template"]["spec"]["containers"][0];
+    let shards: usize = env(container, "COHORT_SHARD_COUNT").parse().unwrap();
+    assert_eq!(batcher["spec"]["replicas"], shards as u64, "{dir}");
+    assert_eq!(config.batcher_clusters.len(), shards, "{dir}");
+    for (index, cluster) in config.batcher_clusters.iter().enumerate() {
+        let host = cluster
+            .strip_prefix("outbound|50051||")
+            .and_then(|h| h.strip_suffix(".svc.cluster.local"))
+            .unwrap_or_else(|| panic!("{dir}: {cluster} is not an Istio outbound cluster"));
+        let (service, namespace) = host.split_once('.').unwrap();
+        let service = find(&objects, "Service", service);
+        assert_eq!(
+            service["metadata"]["namespace"], namespace,
+            "{dir}: {cluster}"
+        );
+        assert!(service_port(service, 50051), "{dir}: {cluster}");
+        assert_eq!(
+            service["spec"]["selector"]["statefulset.kubernetes.io/pod-name"],
+            format!("cohort-batcher-{index}"),
+            "{dir}: {cluster} must select shard {index}"
+        );
+    }
+
+    // Every replica the batcher may answer has a route to its own subset, and every subset
+    // selects that replica's pod.
+    let replicas: Vec<&str> = env(container, "COHORT_REPLICAS")
+        .split(',')
+        .map(|r| r.split('=').next().unwrap())
+        .collect();
+    let virtual_service = find(&objects, "VirtualService", "llm-engine");
+    let destination_rule = find(&objects, "DestinationRule", "llm-engine");
+    let routes = header_routes(virtual_service, "x-cohort-shard");
+    let routed: Vec<&str> = routes.iter().map(|(value, _)| value.as_str()).collect();
+    assert_eq!(routed, replicas, "{dir}: x-cohort-shard routes");
+    for (replica, destination) in &routes {
+        assert_eq!(destination["subset"], replica.as_str(), "{dir}");
+        let subset = destination_rule["spec"]["subsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == replica.as_str())
+            .unwrap_or_else(|| panic!("{dir}: no subset {replica}"));
+        assert_eq!(
+            subset["labels"]["statefulset.kubernetes.io/pod-name"],
+            replica.as_str()
+        );
+    }
+    // The last route takes everything else, consistent-hashed on x-cohort-key.
+    let last = virtual_service["spec"]["http"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap();
+    assert!(
+        last.get("match").is_none(),
+        "{dir}: the last route must match all"
+    );
+    assert!(last["route"][0]["destination"].get("subset").is_none());
+    assert_eq!(
+        destination_rule["spec"]["trafficPolicy"]["loadBalancer"]["consistentHash"]
+            ["httpHeaderName"],
+        "x-cohort-key"
+    );
+    objects
+}
+
+#[test]
+fn assign_overlay_wires_filter_batcher_and_routes_together() {
+    let objects = check_batcher_wiring("assign", Mode::Assign);
+    let virtual_service = find(&objects, "VirtualService", "llm-engine");
+    assert!(header_routes(virtual_service, "x-cohort-batch").is_empty());
+}
+
+#[test]
+fn batch_overlay_sends_marked_requests_to_their_shards_front() {
+    let objects = check_batcher_wiring("batch", Mode::Batch);
+    let virtual_service = find(&objects, "VirtualService", "llm-engine");
+    let routes = header_routes(virtual_service, "x-cohort-batch");
+    assert_eq!(routes.len(), 2);
+    for (index, destination) in routes {
+        let service = find(&objects, "Service", &format!("cohort-batcher-{index}"));
+        assert_eq!(destination["host"], service["metadata"]["name"]);
+        assert_eq!(destination["port"]["number"], 8000);
+        assert!(service_port(service, 8000));
+    }
+    // Batch routes come first; the front runs only when every replica has a URL.
+    let first = &virtual_service["spec"]["http"][0];
+    assert!(first["match"][0]["headers"].get("x-cohort-batch").is_some());
+    let batcher = find(&objects, "StatefulSet", "cohort-batcher");
+    let container = &batcher["spec"]["template"]["spec"]["containers"][0];
+    for replica in env(container, "COHORT_REPLICAS").split(',') {
+        let (_, url) = replica.split_once('=').expect("NAME=ENGINE+URL");
+        assert!(
+            url.contains("+http://") || url.starts_with("http://"),
+            "{url}"
+        );
+    }
+}
+
+#[test]
+fn batcher_ports_probes_and_disruption_budget_follow_the_service() {
+    let objects = build(&workspace().join("istio/batcher"));
+    let batcher = find(&objects, "StatefulSet", "cohort-batcher");
+    let pod = &batcher["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let ports: HashMap<&str, u64> = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap(),
+                p["containerPort"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ports["grpc"], 50051);
+    assert_eq!(ports["http-metrics"], 9464);
+    assert_eq!(ports["http-front"], 8000);
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["port"], "http-metrics");
+    }
+    assert!(container["resources"]["requests"].is_object());
+    // The pod outlives the batcher's drain (drain_s: 10 s).
+    assert!(pod["terminationGracePeriodSeconds"].as_u64().unwrap() > 10);
+    assert!(container["image"]
+        .as_str()
+        .unwrap()
+        .starts_with("registry.example.com/"));
+    let budget = find(&objects, "PodDisruptionBudget", "cohort-batcher");
+    assert_eq!(
+        budget["spec"]["selector"]["matchLabels"],
+        batcher["spec"]["selector"]["matchLabels"]
+    );
+    let mtls = find(&objects, "PeerAuthentication", "cohort-batcher");
+    assert_eq!(mtls["spec"]["mtls"]["mode"], "STRICT");
+    assert_eq!(
+        mtls["spec"]["selector"]["matchLabels"],
+        batcher["spec"]["selector"]["matchLabels"]
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Planted errors fail, naming the problem
+
+fn shipped(path: &str, kind: &str) -> Value {
+    yaml_file(&workspace().join(path))
+        .into_iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {path}"))
+}
+
+/// Mutates a shipped object and returns what validation says about it.
+fn planted(path: &str, kind: &str, pointer: &str, mutate: impl FnOnce(&mut Value)) -> String {
+    let mut object = shipped(path, kind);
+    assert!(
+        problems(&object).is_empty(),
+        "{path} must be valid to start with"
+    );
+    mutate(
+        object
+            .pointer_mut(pointer)
+            .unwrap_or_else(|| panic!("{path}: no {pointer}")),
+    );
+    let found = problems(&object);
+    assert!(
+        !found.is_empty(),
+        "{path}: the planted error was not caught"
+    );
+    eprintln!("{path}: planted error caught: {found:?}");
+    found.join("\n")
+}
+
+fn rename(field: &'static str, to: &'static str) -> impl FnOnce(&mut Value) {
+    move |object: &mut Value| {
+        let fields = object.as_object_mut().unwrap();
+        let value = fields.remove(field).unwrap();
+        fields.insert(to.to_owned(), value);
+    }
+}
+
+#[test]
+fn a_misspelt_field_fails() {
+    let message = planted(
+        "istio/base/destinationrule-engines.yaml",
+        "DestinationRule",
+        "/spec/trafficPolicy/loadBalancer/consistentHash",
+        rename("httpHeaderName", "httpHeaderNme"),
+    );
+    assert!(message.contains("httpHeaderNme"), "{message}");
+    assert!(
+        message.contains("/spec/trafficPolicy/loadBalancer/consistentHash"),
+        "{message}"
+    );
+
+    let message = planted(
+        "istio/examples/wasmplugin-oci.yaml",
+        "WasmPlugin",
+        "/spec",
+        rename("failStrategy", "failurePolicy"),
+    );
+    assert!(message.contains("failurePolicy"), "{message}");
+
+    let message = planted(
+        "istio/batcher/services.yaml",
+        "Service",
+        "/spec/ports/0",
+        rename("targetPort", "targetPorts"),
+    );
+    assert!(message.contains("targetPorts"), "{message}");
+
+    let message = planted(
+        "istio/batcher/statefulset.yaml",
+        "StatefulSet",
+        "/spec/template/spec/containers/0/readinessProbe",
+        rename("httpGet", "httpGET"),
+    );
+    assert!(message.contains("httpGET"), "{message}");
+
+    let message = planted(
+        "istio/base/kustomization.yaml",
+        "Kustomization",
+        "",
+        rename("resources", "resource"),
+    );
+    assert!(message.contains("resource"), "{message}");
+}
+
+#[test]
+fn without_strictness_the_crd_schema_would_let_a_misspelt_field_pass() {
+    // Why forbid_unknown_fields exists: Istio's CRD schema alone accepts the typo (and the
+    // API server would silently drop the field, leaving the DestinationRule without affinity).
+    let crds = yaml_file(&workspace().join("data/istio/istio-crds.gen.yaml"));
+    let crd = crds
+        .iter()
+        .find(|c| c["spec"]["names"]["kind"] == "DestinationRule")
+        .unwrap();
+    let version = crd["spec"]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "v1")
+        .unwrap();
+    let lenient = jsonschema::options()
+        .with_draft(Draft::Draft4)
+        .build(&version["schema"]["openAPIV3Schema"])
+        .unwrap();
+    let mut rule = shipped("istio/base/destinationrule-engines.yaml", "DestinationRule");
+    let hash = rule
+        .pointer_mut("/spec/trafficPolicy/loadBalancer/consistentHash")
+        .unwrap();
+    rename("httpHeaderName", "httpHeaderNme")(hash);
+    assert!(lenient.is_valid(&rule));
+    assert!(!problems(&rule).is_empty());
+}
+
+#[test]
+fn a_bad_enum_value_fails() {
+    let message = planted(
+        "istio/examples/wasmplugin-oci.yaml",
+        "WasmPlugin",
+        "/spec/failStrategy",
+        |v| *v = "FAIL_SOMETIMES".into(),
+    );
+    assert!(message.contains("FAIL_SOMETIMES"), "{message}");
+    assert!(
+        message.contains("FAIL_OPEN"),
+        "names the allowed values: {message}"
+    );
+
+    let message = planted(
+        "istio/batcher/peerauthentication.yaml",
+        "PeerAuthentication",
+        "/spec/mtls/mode",
+        |v| *v = "STRICTER".into(),
+    );
+    assert!(message.contains("STRICTER"), "{message}");
+
+    let message = planted(
+        "istio/base/envoyfilter.yaml",
+        "EnvoyFilter",
+        "/spec/configPatches/1/patch/operation",
+        |v| *v = "INSERT_SOMEWHERE".into(),
+    );
+    assert!(message.contains("INSERT_SOMEWHERE"), "{message}");
+}
+
+#[test]
+fn a_wrong_type_fails() {
+    let message = planted(
+        "istio/batcher/statefulset.yaml",
+        "StatefulSet",
+        "/spec/replicas",
+        |v| *v = "two".into(),
+    );
+    assert!(
+        message.contains("\"two\"") && message.contains("/spec/replicas"),
+        "{message}"
+    );
+
+    let message = planted(
+        "istio/base/destinationrule-engines.yaml",
+        "DestinationRule",
+        "/spec/trafficPolicy/outlierDetection/consecutive5xxErrors",
+        |v| *v = "five".into(),
+    );
+    assert!(message.contains("\"five\""), "{message}");
+
+    let message = planted(
+        "istio/examples/wasmplugin-oci.yaml",
+        "WasmPlugin",
+        "/spec/priority",
+        |v| *v = json!({ "high": true }),
+    );
+    assert!(message.contains("/spec/priority"), "{message}");
+}
+
+#[test]
+fn a_missing_required_field_and_a_bad_pattern_fail() {
+    let message = planted(
+        "istio/examples/wasmplugin-oci.yaml",
+        "WasmPlugin",
+        "/spec",
+        |spec| {
+            spec.as_object_mut().unwrap().remove("url");
+        },
+    );
+    assert!(message.contains("url"), "{message}");
+
+    let message = planted(
+        "istio/examples/wasmplugin-oci.yaml",
+        "WasmPlugin",
+        "/spec",
+        |spec| spec["sha256"] = "not-a-digest".into(),
+    );
+    assert!(message.contains("not-a-digest"), "{message}");
+}
+
+#[test]
+fn free_form_fields_stay_free_but_the_filter_checks_its_own() {
+    // pluginConfig is free-form to Istio (x-kubernetes-preserve-unknown-fields) ...
+    let mut plugin = shipped("istio/examples/wasmplugin-oci.yaml", "WasmPlugin");
+    plugin["spec"]["pluginConfig"]["mode"] = "turbo".into();
+    plugin["spec"]["pluginConfig"]["body_limt_bytes"] = 1.into();
+    assert!(problems(&plugin).is_empty());
+    // ... and the filter itself refuses it (and would pass all traffic through).
+    let (_, json) = filter_configs(&[plugin]).remove(0);
+    let error = FilterConfig::parse(json.as_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("turbo") || error.contains("body_limt_bytes"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_broken_overlay_patch_fails() {
+    let mut virtual_service = shipped("istio/assign/virtualservice-engines.yaml", "VirtualService");
+    let bad = json!([{ "op": "replace", "path": "/spec/htp/0", "value": {} }]);
+    let error = apply_json_patch(&mut virtual_service, &bad).unwrap_err();
+    assert!(error.contains("/spec/htp/0"), "{error}");
+    let misplaced = json!([{ "op": "add", "path": "/spec/http/0/tiemout", "value": "1s" }]);
+    apply_json_patch(&mut virtual_service, &misplaced).unwrap();
+    let found = problems(&virtual_service).join("\n");
+    assert!(found.contains("tiemout"), "{found}");
+}
+
+// ---------------------------------------------------------------------------------------
+// The OCI image of the filter
+
+fn sha256_hex(path: &Path) -> String {
+    let output = Command::new("sha256sum").arg(path).output().unwrap();
+    assert!(output.status.success());
+    String::from_utf8(output.stdout).unwrap()[..64].to_owned()
+}
+
+/// Follows a descriptor to its blob, checking digest and size, and returns the blob's path.
+fn blob(layout: &Path, descriptor: &Value) -> PathBuf {
+    let digest = descriptor["digest"].as_str().unwrap();
+    let hex = digest.strip_prefix("sha256:").expect("sha256 digest");
+    let path = layout.join("blobs/sha256").join(hex);
+    let size = std::fs::metadata(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .len();
+    assert_eq!(descriptor["size"].as_u64().unwrap(), size, "{digest}: size");
+    assert_eq!(sha256_hex(&path), hex, "{digest}: content");
+    path
+}
+
+fn json_file(path: &Path) -> Value {
+    serde_json::from_str(&read(path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn build_oci(wasm: &Path, out: &Path) {
+    let status = Command::new("python3")
+        .arg(workspace().join("scripts/build-oci"))
+        .arg("--wasm")
+        .arg(wasm)
+        .arg("--out")
+        .arg(out)
+        .status()
+        .expect("python3");
+    assert!(status.success(), "scripts/build-oci failed");
+}
+
+#[test]
+fn build_oci_writes_an_image_layout_istio_can_pull() {
+    let wasm = std::env::var_os("COHORT_FILTER_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/wasm/cohort_filter.wasm"));
+    assert!(
+        wasm.is_file(),
+        "{}: build it with scripts/build-wasm",
+        wasm.display()
+    );
+    let out = std::env::temp_dir().join(format!("cohort-oci-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    build_oci(&wasm, &out);
+
+    assert_eq!(
+        json_file(&out.join("oci-layout"))["imageLayoutVersion"],
+        "1.0.0"
+    );
+    let index = json_file(&out.join("index.json"));
+    assert_eq!(index["schemaVersion"], 2);
+    let manifests = index["manifests"].as_array().unwrap();
+    assert_eq!(manifests.len(), 1);
+    assert_eq!(
+        manifests[0]["mediaType"],
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    let tag = manifests[0]["annotations"]["org.opencontainers.image.ref.name"]
+        .as_str()
+        .expect("a tag to push by");
+    assert!(!tag.is_empty());
+
+    let manifest = json_file(&blob(&out, &manifests[0]));
+    assert_eq!(manifest["schemaVersion"], 2);
+    assert_eq!(
+        manifest["mediaType"],
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        "application/vnd.oci.image.config.v1+json"
+    );
+    let config = json_file(&blob(&out, &manifest["config"]));
+    // Istio's "compat" variant: one layer, a gzipped tar holding plugin.wasm.
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1);
+    assert_eq!(
+        layers[0]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+    );
+    let layer = blob(&out, &layers[0]);
+
+    let listing = Command::new("tar")
+        .arg("-tzf")
+        .arg(&layer)
+        .output()
+        .unwrap();
+    assert!(listing.status.success());
+    assert_eq!(String::from_utf8(listing.stdout).unwrap(), "plugin.wasm\n");
+    let extracted = Command::new("tar")
+        .args(["-xzOf"])
+        .arg(&layer)
+        .arg("plugin.wasm")
+        .output()
+        .unwrap();
+    assert!(extracted.status.success());
+    assert!(
+        extracted.stdout == std::fs::read(&wasm).unwrap(),
+        "plugin.wasm differs from {}",
+        wasm.display()
+    );
+    // The config's diff_id is the digest of the uncompressed layer.
+    let tar_path = out.join("layer.tar");
+    let gunzip = Command::new("gzip")
+        .arg("-dc")
+        .arg(&layer)
+        .output()
+        .unwrap();
+    std::fs::write(&tar_path, gunzip.stdout).unwrap();
+    assert_eq!(
+        config["rootfs"],
+        json!({ "type": "layers", "diff_ids": [format!("sha256:{}", sha256_hex(&tar_path))] })
+    );
+    std::fs::remove_file(&tar_path).unwrap();
+
+    // Reproducible: the same module gives the same image digest.
+    let again = out.join("again");
+    build_oci(&wasm, &again);
+    assert_eq!(json_file(&again.join("index.json")), index);
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// The Grafana dashboard
+
+/// Metric names documented in docs/METRICS.md (`cohort_…` in backticks, with their
+/// histogram series), and Envoy's own upstream request time histogram.
+fn documented_metrics() -> BTreeSet<String> {
+    let text = read(&workspace().join("docs/METRICS.md"));
+    let mut names = BTreeSet::new();
+    for piece in text.split('`').skip(1).step_by(2) {
+        let name: String = piece
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if name.starts_with("cohort_") || name.starts_with("envoy_") || name.starts_with("istio_") {
+            for suffix in ["", "_bucket", "_sum", "_count"] {
+                names.insert(format!("{name}{suffix}"));
+            }
+        }
+    }
+    names
+}
+
+/// Metric names a PromQL expression reads: identifiers with an underscore outside label
+/// matchers `{…}`, ranges `[…]`, strings and grouping lists (`by (…)`), that are not called.
+fn metric_names(expr: &str) -> Vec<String> {
+    let bytes = expr.as_bytes();
+    let word_char = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b':';
+    let skip_to = |from: usize, close: u8| {
+        let mut i = from + 1;
+        while i < bytes.len() && bytes[i] != close {
+            i += 1;
+        }
+        i + 1
+    };
+    let mut names = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'{' => i = skip_to(i, b'}'),
+            b'[' => i = skip_to(i, b']'),
+            b'"' => i = skip_to(i, b'"'),
+            b if b.is_ascii_alphabetic() || b == b'_' => {
+                let start = i;
+                while i < bytes.len() && word_char(bytes[i]) {
+                    i += 1;
+                }
+                let word = &expr[start..i];
+                let rest = expr[i..].trim_start();
+                let grouping = [
+                    "by",
+                    "without",
+                    "on",
+                    "ignoring",
+                    "group_left",
+                    "group_right",
+                ];
+                if grouping.contains(&word) {
+                    if rest.starts_with('(') {
+                        i = skip_to(expr.len() - rest.len(), b')');
+                    }
+                } else if !rest.starts_with('(') && word.contains('_') {
+                    names.push(word.to_owned());
+                }
+            }
+            b if b.is_ascii_digit() => {
+                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'.') {
+                    i += 1;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    names
+}
+
+fn dashboard() -> Value {
+    json_file(&workspace().join("istio/dashboards/cohort.json"))
+}
+
+#[test]
+fn dashboard_queries_only_documented_metrics_through_a_templated_datasource() {
+    let dashboard = dashboard();
+    let documented = documented_metrics();
+    assert!(
+        documented.contains("cohort_batch_size_bucket"),
+        "{documented:?}"
+    );
+    let templating = dashboard["templating"]["list"].as_array().unwrap();
+    let datasource = templating
+        .iter()
+        .find(|v| v["type"] == "datasource")
+        .expect("a datasource variable");
+    assert_eq!(datasource["query"], "prometheus");
+    let variable = format!("${{{}}}", datasource["name"].as_str().unwrap());
+    let panels = dashboard["panels"].as_array().unwrap();
+    let mut queried = BTreeSet::new();
+    for panel in panels.iter().filter(|p| p["type"] != "row") {
+        let title = panel["title"].as_str().unwrap();
+        assert_eq!(panel["datasource"]["uid"], variable, "{title}: datasource");
+        let targets = panel["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{title}: no query");
+        for target in targets {
+            assert_eq!(
+                target["datasource"]["uid"], variable,
+                "{title}: target datasource"
+            );
+            let expr = target["expr"].as_str().unwrap();
+            let names = metric_names(expr);
+            assert!(!names.is_empty(), "{title}: no metric in {expr}");
+            for name in names {
+                assert!(
+                    documented.contains(&name),
+                    "{title}: {name} is not in docs/METRICS.md"
+                );
+                queried.insert(name);
+            }
+        }
+    }
+    for wanted in [
+        "cohort_store_evictions_total",
+        "cohort_prefetch_miss_ratio",
+        "cohort_batch_size_sum",
+        "cohort_batch_size_count",
+        "cohort_semantic_conflicts_total",
+        "cohort_gpu_utilization",
+        "cohort_engine_prompt_tokens_total",
+        "cohort_engine_cached_tokens_total",
+        "cohort_front_requests_total",
+        "envoy_cluster_upstream_rq_time_bucket",
+    ] {
+        assert!(queried.contains(wanted), "no panel queries {wanted}");
+    }
+}
+
+#[test]
+fn the_dashboard_check_catches_an_undocumented_metric() {
+    let documented = documented_metrics();
+    let names = metric_names(
+        r#"sum by (le, cluster_name) (rate(cohort_batch_size_bucket{job="x"}[$__rate_interval])) / on() cohort_bogus_total > 0.5"#,
+    );
+    assert_eq!(names, ["cohort_batch_size_bucket", "cohort_bogus_total"]);
+    assert!(!documented.contains("cohort_bogus_total"));
+}
+
+#[test]
+fn documented_batcher_metrics_are_the_ones_the_batcher_writes() {
+    // Every cohort_* name the batcher's sources write is documented (the GPU one is
+    // documented ahead of the GPU store that will export it).
+    let documented = documented_metrics();
+    let sources = [
+        "batcher-service/src/serve/brain.rs",
+        "batcher-service/src/front/stats.rs",
+        "batcher-service/src/front/prefetch.rs",
+        "batcher-service/src/front/mod.rs",
+        "filter/src/stats.rs",
+    ];
+    for source in sources {
+        let text = read(&workspace().join(source));
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for piece in code.split('"').skip(1).step_by(2) {
+            let is_name = piece.starts_with("cohort_")
+                && piece
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit());
+            if is_name && piece != "cohort_engine_unreachable" {
+                assert!(
+                    documented.contains(piece),
+                    "{source}: {piece} is not in docs/METRICS.md"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_filter_stat_name_is_documented() {
+    // The per-reason and per-knob counters are named at run time (filter/src/stats.rs).
+    let documented = documented_metrics();
+    let reasons = cohort_filter::decision::all_bypass_reasons();
+    let knobs = ["prefetch", "batch_threshold", "cache_ttl", "semantic_mode"];
+    let dynamic = reasons
+        .iter()
+        .map(|reason| format!("cohort_bypass_{reason}_total"))
+        .chain(
+            knobs
+                .iter()
+                .map(|knob| format!("cohort_invalid_knob_{knob}_total")),
+        );
+    for name in dynamic {
+        assert!(
+            documented.contains(&name),
+            "{name} is not in docs/METRICS.md"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// What Istio makes of the EnvoyFilter runs in a real Envoy
+
+/// `istio/envoy/affinity.yaml` over one recording upstream, with the cohort HTTP filter
+/// replaced by `filter` and the EnvoyFilter's listener patch merged in.
+fn envoy_with(filter: serde_yaml::Value, upstream: &Upstream) -> (serde_yaml::Value, u16, u16) {
+    let base = build(&workspace().join("istio/base"));
+    let envoy_filter = find(&base, "EnvoyFilter", "cohort");
+    let patches = envoy_filter["spec"]["configPatches"].as_array().unwrap();
+    let listener_patch = patches.iter().find(|p| p["applyTo"] == "LISTENER").unwrap();
+
+    let mut config = cohort_config::load("affinity");
+    let (admin, listen) = (free_port(), free_port());
+    cohort_config::set_ports(&mut config, admin, listen);
+    cohort_config::set_endpoints(&mut config, "engines", &[upstream.port]);
+    let listener = &mut config["static_resources"]["listeners"][0];
+    for (key, value) in listener_patch["patch"]["value"].as_object().unwrap() {
+        listener[key.as_str()] = serde_yaml::to_value(value).unwrap();
+    }
+    let filters = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+        .as_sequence_mut()
+        .unwrap();
+    let cohort = filters.iter_mut().find(|f| f["name"] == "cohort").unwrap();
+    *cohort = filter;
+    (config, admin, listen)
+}
+
+fn chat_request() -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "model": "gemma-3-270m",
+        "messages": [
+            { "role": "system", "content": "You are a helpful banking assistant." },
+            { "role": "user", "content": "Why was my card payment declined?" },
+        ],
+    }))
+    .unwrap()
+}
+
+#[test]
+fn the_envoy_filters_wasm_config_routes_requests_in_envoy() {
+    // The ECDS resource as istio-agent hands it to Envoy: the TypedStruct verbatim, with the
+    // oci:// module replaced by the local file the agent pulled it to.
+    let base = build(&workspace().join("istio/base"));
+    let envoy_filter = find(&base, "EnvoyFilter", "cohort");
+    let patches = envoy_filter["spec"]["configPatches"].as_array().unwrap();
+    let extension = patches
+        .iter()
+        .find(|p| p["applyTo"] == "EXTENSION_CONFIG")
+        .unwrap();
+    let mut resource = extension["patch"]["value"].clone();
+    resource["typed_config"]["value"]["config"]["vm_config"]["code"] = json!({
+        "local": { "filename": cohort_config::filter_wasm().to_string_lossy() }
+    });
+    let upstream = Upstream::start("engine");
+    let (config, admin, listen) = envoy_with(serde_yaml::to_value(&resource).unwrap(), &upstream);
+    let envoy = Envoy::start(&config, admin, listen);
+
+    let response = post_json(listen, "/v1/chat/completions", &[], &chat_request());
+    assert_eq!(response.status, 200, "{}", envoy.log());
+    let cohort = response.header("x-cohort").expect("the filter answered");
+    assert!(cohort.contains("mode=affinity"), "{cohort}");
+    let received = upstream.received();
+    assert_eq!(received.len(), 1);
+    let key = received[0]
+        .header("x-cohort-key")
+        .expect("x-cohort-key upstream");
+    assert_eq!(key.len(), 16, "{key}");
+    assert_eq!(
+        received[0].body,
+        chat_request(),
+        "the body arrives unchanged"
+    );
+}
+
+#[test]
+fn the_envoy_filters_http_filter_fails_open_until_the_module_arrives() {
+    // The HTTP filter as Istio inserts it, taking its config from ECDS (over ADS). With no
+    // control plane answering, the default config (an RBAC filter without rules) is in
+    // place: requests pass through untouched rather than wait or fail.
+    let base = build(&workspace().join("istio/base"));
+    let envoy_filter = find(&base, "EnvoyFilter", "cohort");
+    let patches = envoy_filter["spec"]["configPatches"].as_array().unwrap();
+    let http_filter = patches
+        .iter()
+        .find(|p| p["applyTo"] == "HTTP_FILTER")
+        .unwrap();
+    let upstream = Upstream::start("engine");
+    let filter = serde_yaml::to_value(&http_filter["patch"]["value"]).unwrap();
+    let (mut config, admin, listen) = envoy_with(filter, &upstream);
+    // ADS from a control plane that is not there (a closed loopback port).
+    let xds: serde_yaml::Value = serde_yaml::from_str(&format!(
+        "name: xds
+type: STATIC
+connect_timeout: 0.25s
+typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    '@type': type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    explicit_http_config: {{ http2_protocol_options: {{}} }}
+load_assignment:
+  cluster_name: xds
+  endpoints:
+  - lb_endpoints:
+    - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {} }} }} }}",
+        free_port()
+    ))
+    .unwrap();
+    config["static_resources"]["clusters"]
+        .as_sequence_mut()
+        .unwrap()
+        .push(xds);
+    config["dynamic_resources"] = serde_yaml::from_str(
+        "ads_config: { api_type: GRPC, transport_api_version: V3, grpc_services: [{ envoy_grpc: { cluster_name: xds } }] }",
+    )
+    .unwrap();
+    config["node"] = serde_yaml::from_str("{ id: sidecar-test, cluster: llm-client }").unwrap();
+    let envoy = Envoy::start(&config, admin, listen);
+
+    let response = post_json(listen, "/v1/chat/completions", &[], &chat_request());
+    assert_eq!(response.status, 200, "{}", envoy.log());
+    assert!(response.header("x-cohort").is_none());
+    let received = upstream.received();
+    assert_eq!(received.len(), 1);
+    assert!(received[0].header("x-cohort-key").is_none());
+    assert_eq!(received[0].body, chat_request());
+}
