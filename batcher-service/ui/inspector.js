@@ -14,7 +14,7 @@ async function playground() {
   const out = $("fingerprint");
   out.textContent = [
     `routing key  ${record.routing_key ?? "-"}`,
-    `cohort       ${record.cohort ?? "-"}`,
+    `local cohort ${record.cohort ?? "-"} (the filter's own, before the batcher's)`,
     `sketch       ${record.sketch ?? "-"} (v${record.sketch_version ?? "?"})`,
     `sketch int8  ${JSON.stringify(record.sketch_i8 ?? [])}`,
     `intent text  ${record.intent_text ?? ""}`,
@@ -56,7 +56,7 @@ function render(state) {
     + `<tr>${cell("semantic conflicts", true)}${cell(b.semantic_conflicts)}</tr>`;
   const heat = state.front;
   if (!heat) {
-    $("heatmap").tBodies[0].innerHTML = `<tr><td class="l">the batch front is not running (assign mode)</td></tr>`;
+    $("heatmap").tBodies[0].innerHTML = `<tr><td class="l" style="width:auto">the batch front is not running (assign mode)</td></tr>`;
     return;
   }
   const max = Math.max(1, ...heat.columns.flatMap((c) => c.counts));

@@ -6,11 +6,13 @@
 //!   `--use-dynamic-base-id`, wait until ready, read admin stats, stop it by pid;
 //! - [`upstream`]: HTTP/1.1 and HTTP/2 servers that record every request they receive;
 //! - [`batcher`]: start `cohort serve`, read its `/metrics`, SIGTERM or SIGKILL it;
+//! - [`chromium`]: headless Chromium over the DevTools protocol, for the inspector page;
 //! - [`llama`]: a real llama.cpp `llama-server` replica (Gemma 3 270M);
 //! - [`config`]: load `istio/envoy/*.yaml` and point it at test ports and the built filter;
 //! - [`client`]: a minimal HTTP/1.1 client over a raw socket, so tests control every byte.
 
 pub mod batcher;
+pub mod chromium;
 pub mod client;
 pub mod config;
 pub mod envoy;

@@ -1448,6 +1448,32 @@ fn the_envoy_filters_wasm_config_routes_requests_in_envoy() {
 }
 
 #[test]
+fn without_allow_on_headers_stop_iteration_requests_stall() {
+    // What a WasmPlugin gives Envoy today (Istio has no field for the flag): the same Wasm
+    // config with allow_on_headers_stop_iteration false. The filter never gets the body, so
+    // the request never reaches the engine (here the listener's 2 s request timeout ends
+    // it). This is why istio/base attaches the filter with an EnvoyFilter.
+    let base = build(&workspace().join("istio/base"));
+    let envoy_filter = find(&base, "EnvoyFilter", "cohort");
+    let mut resource = envoy_filter["spec"]["configPatches"][0]["patch"]["value"].clone();
+    let config = &mut resource["typed_config"]["value"]["config"];
+    config["allow_on_headers_stop_iteration"] = false.into();
+    config["vm_config"]["code"] = json!({
+        "local": { "filename": cohort_config::filter_wasm().to_string_lossy() }
+    });
+    let upstream = Upstream::start("engine");
+    let (mut config, admin, listen) =
+        envoy_with(serde_yaml::to_value(&resource).unwrap(), &upstream);
+    config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        ["request_timeout"] = "2s".into();
+    let envoy = Envoy::start(&config, admin, listen);
+
+    let response = post_json(listen, "/v1/chat/completions", &[], &chat_request());
+    assert_ne!(response.status, 200, "{}", envoy.log());
+    assert_eq!(upstream.received().len(), 0);
+}
+
+#[test]
 fn the_envoy_filters_http_filter_fails_open_until_the_module_arrives() {
     // The HTTP filter as Istio inserts it, taking its config from ECDS (over ADS). With no
     // control plane answering, the default config (an RBAC filter without rules) is in
@@ -1497,4 +1523,47 @@ load_assignment:
     assert_eq!(received.len(), 1);
     assert!(received[0].header("x-cohort-key").is_none());
     assert_eq!(received[0].body, chat_request());
+}
+
+#[test]
+fn every_routed_subset_exists_in_a_destination_rule() {
+    let examples: Vec<Value> = manifest_files()
+        .iter()
+        .filter(|p| p.parent().unwrap().ends_with("examples"))
+        .flat_map(|p| yaml_file(p))
+        .collect();
+    let sets = [
+        ("assign", build(&workspace().join("istio/assign"))),
+        ("batch", build(&workspace().join("istio/batch"))),
+        ("examples", examples),
+    ];
+    for (origin, objects) in sets {
+        let mut routed = 0;
+        for service in objects.iter().filter(|o| o["kind"] == "VirtualService") {
+            for route in service["spec"]["http"].as_array().unwrap() {
+                for target in route["route"].as_array().unwrap() {
+                    let destination = &target["destination"];
+                    let Some(subset) = destination["subset"].as_str() else {
+                        continue;
+                    };
+                    routed += 1;
+                    let defined = objects.iter().any(|rule| {
+                        rule["kind"] == "DestinationRule"
+                            && rule["spec"]["host"] == destination["host"]
+                            && rule["spec"]["subsets"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .any(|s| s["name"] == subset)
+                    });
+                    assert!(
+                        defined,
+                        "{origin}: {}: no subset {subset}",
+                        name_of(service)
+                    );
+                }
+            }
+        }
+        assert!(routed > 0, "{origin}: no subset routes");
+    }
 }
