@@ -217,3 +217,37 @@ fn a_predicted_cohort_is_warmed_on_its_owner_before_it_arrives() {
     assert_eq!(batcher.metric("cohort_prefetch_issued_total"), 2.0);
     assert_eq!(batcher.metric("cohort_prefetch_hit_total"), 2.0);
 }
+
+#[test]
+fn the_front_is_no_open_proxy_and_never_logs_prompts() {
+    let upstream = Upstream::start("replica-0");
+    let elsewhere = Upstream::start("elsewhere");
+    let batcher = front(
+        &[format!(
+            "replica-0=openai+http://127.0.0.1:{}",
+            upstream.port
+        )],
+        Vec::new(),
+    );
+    let port = batcher.spec.front_port.unwrap();
+    let secret = "my-account-password-hunter2";
+    let body = chat("m", &format!("Remember {secret}."));
+    // Absolute-form target and Host naming another server: the front still sends to its
+    // configured engine only.
+    let raw = format!(
+        "POST http://127.0.0.1:{}/v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        elsewhere.port,
+        elsewhere.port,
+        body.len()
+    );
+    let mut bytes = raw.into_bytes();
+    bytes.extend_from_slice(&body);
+    let response = cohort_tests::client::send_raw(port, &bytes).unwrap();
+    assert_eq!(response.status, 200);
+    assert_eq!(response.header("x-upstream"), Some("replica-0"));
+    assert_eq!(elsewhere.count(), 0, "nothing reached the other server");
+    // Other paths are not proxied at all.
+    let other = post_json(port, "/admin/anything", &[], b"{}");
+    assert_eq!(other.status, 404);
+    assert!(!batcher.log().contains(secret), "prompt text in the log");
+}
