@@ -11,12 +11,17 @@
 //! The policy, per cohort:
 //! - A request with no open batch of its cohort is a **leader**. It is never held: a lone
 //!   request at low load goes straight to its replica (0 ms added by the window).
-//! - A batch stays open for joining for `window_ms` after its leader arrived, and for as long
-//!   as the leader is still computing its prompt (its first response byte has not come back),
-//!   up to `max_hold_ms`. That is the adaptive part: the window stretches to the prefill time
-//!   the engine actually needs, and collapses to nothing when nothing shares the prefix.
+//! - A batch stays open for joining for `window_ms` after its leader arrived, and — on
+//!   engines whose followers wait for the leader's prefill — for as long as the leader is
+//!   still computing its prompt (no first response byte yet), up to `max_hold_ms`. That is
+//!   the adaptive part: the window stretches to the prefill time the engine actually needs,
+//!   and collapses to nothing when nothing shares the prefix. On slot-pinned engines it does
+//!   not stretch: there a leader without a first byte is usually queued behind its own
+//!   cohort, and joining it would only lengthen that queue.
 //! - Joiners are **followers**, up to `max_batch` members (`max_batch_pressured` while the
-//!   replica reports KV-cache pressure). Beyond that a new batch starts with a new leader.
+//!   replica reports KV-cache pressure; `max_batch_same_slot` on slot-pinned engines, whose
+//!   members run one after another rather than together). Beyond that a new batch starts
+//!   with a new leader.
 //! - When followers go depends on the engine ([`Release`]): with per-slot caches (llama.cpp)
 //!   they go at once, pinned to the leader's slot, and the engine runs them in order; with
 //!   a shared block cache (vLLM, SGLang) they are held until the leader's first byte (its
@@ -37,6 +42,9 @@ pub struct BatchConfig {
     pub max_batch: usize,
     /// Members per batch while the replica reports KV-cache pressure.
     pub max_batch_pressured: usize,
+    /// Members per batch on slot-pinned engines ([`Release::SameSlot`]): they run in
+    /// sequence, each paying a whole decode, so long chains trade latency for little.
+    pub max_batch_same_slot: usize,
 }
 
 impl Default for BatchConfig {
@@ -46,8 +54,18 @@ impl Default for BatchConfig {
             max_hold_ms: 2_000,
             max_batch: 16,
             max_batch_pressured: 8,
+            max_batch_same_slot: 4,
         }
     }
+}
+
+/// What the table needs to know about a replica when a batch opens or grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaTraits {
+    /// The replica reports KV-cache pressure.
+    pub pressured: bool,
+    /// How its engine lets followers reuse the leader's prefix.
+    pub release: Release,
 }
 
 /// How an engine lets followers reuse their leader's prefix.
@@ -99,6 +117,16 @@ struct OpenBatch {
     opened_ms: u64,
     members: usize,
     leader_prefilled: bool,
+    /// The window stretches while the leader prefills (not on slot-pinned engines).
+    stretches: bool,
+}
+
+impl OpenBatch {
+    fn joinable(&self, now_ms: u64, config: &BatchConfig) -> bool {
+        let age = now_ms.saturating_sub(self.opened_ms);
+        age <= config.window_ms
+            || (self.stretches && !self.leader_prefilled && age <= config.max_hold_ms)
+    }
 }
 
 /// Open batches by cohort. One per cohort at a time; closed ones are forgotten.
@@ -123,26 +151,25 @@ impl BatchTable {
     }
 
     /// Admits a request of `cohort`. `choose_replica` is asked only when a new batch opens
-    /// (followers go where their leader went); `pressured` says whether a replica reports
-    /// KV-cache pressure.
+    /// (followers go where their leader went); `traits` describes a replica.
     pub fn admit(
         &mut self,
         cohort: u64,
         now_ms: u64,
         choose_replica: impl FnOnce() -> usize,
-        pressured: impl Fn(usize) -> bool,
+        traits: impl Fn(usize) -> ReplicaTraits,
     ) -> Admission {
         let config = self.config;
         if let Some(batch) = self.open.get_mut(&cohort) {
-            let limit = if pressured(batch.replica) {
+            let t = traits(batch.replica);
+            let limit = if t.pressured {
                 config.max_batch_pressured
+            } else if t.release == Release::SameSlot {
+                config.max_batch_same_slot
             } else {
                 config.max_batch
             };
-            let age = now_ms.saturating_sub(batch.opened_ms);
-            let joinable =
-                age <= config.window_ms || (!batch.leader_prefilled && age <= config.max_hold_ms);
-            if joinable && batch.members < limit.max(1) {
+            if batch.joinable(now_ms, &config) && batch.members < limit.max(1) {
                 batch.members += 1;
                 return Admission::Follow {
                     batch: batch.id,
@@ -162,6 +189,7 @@ impl BatchTable {
                 opened_ms: now_ms,
                 members: 1,
                 leader_prefilled: false,
+                stretches: traits(replica).release == Release::AfterLeaderPrefill,
             },
         );
         Admission::Lead { batch: id, replica }
@@ -180,10 +208,7 @@ impl BatchTable {
     /// Forgets batches no one can join any more (call now and then).
     pub fn expire(&mut self, now_ms: u64) {
         let config = self.config;
-        self.open.retain(|_, b| {
-            let age = now_ms.saturating_sub(b.opened_ms);
-            age <= config.window_ms || (!b.leader_prefilled && age <= config.max_hold_ms)
-        });
+        self.open.retain(|_, b| b.joinable(now_ms, &config));
     }
 
     /// Batches currently open for joining.
@@ -194,10 +219,15 @@ impl BatchTable {
 
 /// Which slot of a replica a batch is pinned to, for engines that cache per slot.
 ///
-/// A slot keeps the prefix of the last prompt it ran. A batch goes to the slot that last
-/// ran its cohort if there is one (its prefix is still there), else to the slot with the
-/// fewest requests in flight, preferring the one used longest ago (its prefix is the least
-/// likely to be wanted again).
+/// A slot keeps the prefix of the last prompt it ran. A batch goes to a slot that last ran
+/// its cohort if there is one with fewer than [`HOLDER_QUEUE_LIMIT`] requests in flight (its
+/// prefix is still there), else to the slot with the fewest requests in flight, preferring
+/// the one used longest ago (its prefix is the least likely to be wanted again). So a cohort
+/// queued deep on one slot spills onto an idle one (one more prefill) instead of waiting
+/// behind itself while the other slot idles.
+/// Requests in flight on a cohort's slot beyond which a new batch of it takes another slot.
+pub const HOLDER_QUEUE_LIMIT: u32 = 2;
+
 #[derive(Debug, Clone)]
 pub struct SlotTable {
     slots: Vec<Vec<SlotState>>,
@@ -241,7 +271,7 @@ impl SlotTable {
         };
         let slot = slots
             .iter()
-            .position(|s| s.cohort == Some(cohort))
+            .position(|s| s.cohort == Some(cohort) && s.in_flight < HOLDER_QUEUE_LIMIT)
             .unwrap_or_else(|| {
                 (0..slots.len())
                     .min_by_key(|&i| (slots[i].in_flight, slots[i].last_used_ms))
@@ -250,6 +280,14 @@ impl SlotTable {
         slots[slot].cohort = Some(cohort);
         slots[slot].last_used_ms = now_ms;
         slot
+    }
+
+    /// The replica restarted or went away: its slots hold nothing any more (requests in
+    /// flight keep being counted until they end).
+    pub fn forget(&mut self, replica: usize) {
+        if let Some(r) = self.slots.get_mut(replica) {
+            r.iter_mut().for_each(|s| s.cohort = None);
+        }
     }
 
     /// A request was sent to (`replica`, `slot`).
@@ -293,19 +331,33 @@ impl SlotTable {
 mod tests {
     use super::*;
 
+    const SHARED: ReplicaTraits = ReplicaTraits {
+        pressured: false,
+        release: Release::AfterLeaderPrefill,
+    };
+    const PRESSURED: ReplicaTraits = ReplicaTraits {
+        pressured: true,
+        release: Release::AfterLeaderPrefill,
+    };
+    const SLOTS: ReplicaTraits = ReplicaTraits {
+        pressured: false,
+        release: Release::SameSlot,
+    };
+
     fn table() -> BatchTable {
         BatchTable::new(BatchConfig {
             window_ms: 150,
             max_hold_ms: 1_000,
             max_batch: 3,
             max_batch_pressured: 2,
+            max_batch_same_slot: 2,
         })
     }
 
     #[test]
     fn a_lone_request_leads_and_is_not_held() {
         let mut t = table();
-        let a = t.admit(7, 0, || 2, |_| false);
+        let a = t.admit(7, 0, || 2, |_| SHARED);
         assert_eq!(
             a,
             Admission::Lead {
@@ -315,15 +367,15 @@ mod tests {
         );
         // 1 req/s: each one is alone in its window and leads again.
         t.leader_prefilled(7, 1);
-        let b = t.admit(7, 1_000, || 0, |_| false);
+        let b = t.admit(7, 1_000, || 0, |_| SHARED);
         assert!(matches!(b, Admission::Lead { replica: 0, .. }));
     }
 
     #[test]
     fn joiners_follow_to_the_leaders_replica_up_to_max_batch() {
         let mut t = table();
-        t.admit(7, 0, || 1, |_| false);
-        let f1 = t.admit(7, 10, || panic!("followers reuse the replica"), |_| false);
+        t.admit(7, 0, || 1, |_| SHARED);
+        let f1 = t.admit(7, 10, || panic!("followers reuse the replica"), |_| SHARED);
         assert_eq!(
             f1,
             Admission::Follow {
@@ -332,10 +384,10 @@ mod tests {
                 position: 1
             }
         );
-        let f2 = t.admit(7, 20, || 0, |_| false);
+        let f2 = t.admit(7, 20, || 0, |_| SHARED);
         assert!(matches!(f2, Admission::Follow { position: 2, .. }));
         // The batch is full (3): the next one leads a new batch.
-        let l2 = t.admit(7, 30, || 0, |_| false);
+        let l2 = t.admit(7, 30, || 0, |_| SHARED);
         assert!(matches!(
             l2,
             Admission::Lead {
@@ -345,7 +397,7 @@ mod tests {
         ));
         // Other cohorts are independent.
         assert!(matches!(
-            t.admit(8, 30, || 2, |_| false),
+            t.admit(8, 30, || 2, |_| SHARED),
             Admission::Lead { .. }
         ));
     }
@@ -353,36 +405,56 @@ mod tests {
     #[test]
     fn the_window_stretches_while_the_leader_computes_its_prompt() {
         let mut t = table();
-        t.admit(7, 0, || 0, |_| false);
+        t.admit(7, 0, || 0, |_| SHARED);
         // Past the 150 ms window, but the leader has not produced a byte yet.
         assert!(matches!(
-            t.admit(7, 600, || 1, |_| false),
+            t.admit(7, 600, || 1, |_| SHARED),
             Admission::Follow { .. }
         ));
         t.leader_prefilled(7, 1);
         assert!(matches!(
-            t.admit(7, 700, || 1, |_| false),
+            t.admit(7, 700, || 1, |_| SHARED),
             Admission::Lead { .. }
         ));
         // And never beyond max_hold_ms.
         let mut t = table();
-        t.admit(7, 0, || 0, |_| false);
+        t.admit(7, 0, || 0, |_| SHARED);
         assert!(matches!(
-            t.admit(7, 1_001, || 1, |_| false),
+            t.admit(7, 1_001, || 1, |_| SHARED),
             Admission::Lead { .. }
+        ));
+    }
+
+    #[test]
+    fn slot_pinned_engines_neither_stretch_nor_chain_long() {
+        let mut t = table();
+        t.admit(7, 0, || 0, |_| SLOTS);
+        assert!(matches!(
+            t.admit(7, 100, || 0, |_| SLOTS),
+            Admission::Follow { .. }
+        ));
+        // Full at 2 on a slot-pinned engine.
+        assert!(matches!(
+            t.admit(7, 110, || 0, |_| SLOTS),
+            Admission::Lead { batch: 2, .. }
+        ));
+        // Past the window with no first byte: a new batch (no stretch).
+        assert!(matches!(
+            t.admit(7, 300, || 0, |_| SLOTS),
+            Admission::Lead { batch: 3, .. }
         ));
     }
 
     #[test]
     fn pressure_halves_the_batch() {
         let mut t = table();
-        t.admit(7, 0, || 0, |_| true);
+        t.admit(7, 0, || 0, |_| PRESSURED);
         assert!(matches!(
-            t.admit(7, 1, || 0, |_| true),
+            t.admit(7, 1, || 0, |_| PRESSURED),
             Admission::Follow { .. }
         ));
         assert!(matches!(
-            t.admit(7, 2, || 0, |_| true),
+            t.admit(7, 2, || 0, |_| PRESSURED),
             Admission::Lead { .. }
         ));
     }
@@ -390,8 +462,8 @@ mod tests {
     #[test]
     fn expire_forgets_closed_batches_only() {
         let mut t = table();
-        t.admit(1, 0, || 0, |_| false);
-        t.admit(2, 0, || 0, |_| false);
+        t.admit(1, 0, || 0, |_| SHARED);
+        t.admit(2, 0, || 0, |_| SHARED);
         t.leader_prefilled(1, 1);
         t.expire(200);
         assert_eq!(t.open_batches(), 1, "cohort 2's leader is still computing");
@@ -418,6 +490,14 @@ mod tests {
         assert_eq!(s.pick(0, 300, 5), a);
         assert!(!s.holds(0, 100));
         assert!(!s.holds(1, 100));
+        // A cohort queued deep on its slot spills onto an idle one.
+        let mut q = SlotTable::new(&[2]);
+        let held = q.pick(0, 9, 0);
+        q.started(0, held);
+        q.started(0, held);
+        assert_ne!(q.pick(0, 9, 1), held, "two in flight: take the idle slot");
+        q.forget(0);
+        assert!(!q.holds(0, 9));
         s.resize(1, 1);
         assert_eq!(s.slots(1), 1);
         assert_eq!(s.pick(1, 5, 6), 0);

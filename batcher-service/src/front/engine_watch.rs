@@ -60,6 +60,7 @@ async fn probe(front: &Front, index: usize) {
         } else {
             warn!(replica = %replica.name, error = ?health.err(), "engine replica is down");
             front.lora.forget_replica(index);
+            front.forget_slots(index);
         }
     }
     if !up {

@@ -40,7 +40,9 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Uri};
 use axum::routing::post;
 use axum::Router;
-use cohort_batcher_core::batch::{Admission, BatchConfig, BatchId, BatchTable, Release, SlotTable};
+use cohort_batcher_core::batch::{
+    Admission, BatchConfig, BatchId, BatchTable, Release, ReplicaTraits, SlotTable,
+};
 use cohort_batcher_core::engines::{
     cache_salt, warmup_body, Engine, EngineKind, EngineMetrics, FrontApi, LoraAdapter, Member,
 };
@@ -158,6 +160,18 @@ struct Dispatch {
     leads: Option<(u64, BatchId)>,
     /// When the front received the request (the heatmap's time to first byte).
     received: Instant,
+    /// A leader's prefetch, started at its first byte (not before: a warm-up on the
+    /// leader's replica would otherwise prefill alongside the leader and delay it).
+    warm_after: Option<WarmPlan>,
+}
+
+/// What a leader's prefetch needs.
+#[derive(Clone)]
+struct WarmPlan {
+    tenant_hash: u64,
+    cohort: u64,
+    level: PrefetchLevel,
+    salt: Option<String>,
 }
 
 enum SendBody {
@@ -214,6 +228,7 @@ impl Front {
                 max_hold_ms: b.max_hold_ms,
                 max_batch: b.max_batch,
                 max_batch_pressured: b.max_batch_pressured,
+                max_batch_same_slot: b.max_batch_same_slot,
             })),
             slots: Mutex::new(SlotTable::new(&slots)),
             states: Mutex::new(HashMap::new()),
@@ -261,6 +276,10 @@ impl Front {
         self.replicas[replica]
             .slots_known
             .store(true, Ordering::Relaxed);
+    }
+
+    fn forget_slots(&self, replica: usize) {
+        lock(&self.slots).forget(replica);
     }
 
     fn pressured(&self, replica: usize) -> bool {
@@ -340,6 +359,7 @@ impl Front {
                 role: "direct",
                 leads: None,
                 received: Instant::now(),
+                warm_after: None,
             };
             return self.send(send, &headers).await;
         };
@@ -372,7 +392,10 @@ impl Front {
                     }
                     self.healthy_from(parsed.hint)
                 },
-                |r| self.pressured(r),
+                |r| ReplicaTraits {
+                    pressured: self.pressured(r),
+                    release: self.replicas[r].engine.release(),
+                },
             );
             (admission, used_warmup)
         };
@@ -425,7 +448,12 @@ impl Front {
             used_warmup,
             warm,
         );
-        self.warm_predicted(&parsed);
+        let warm_after = Some(WarmPlan {
+            tenant_hash: parsed.tenant_hash,
+            cohort: parsed.cohort,
+            level: parsed.level,
+            salt: parsed.salt.clone(),
+        });
         if let Some(adapter) = adapter {
             self.ensure_lora(replica, &adapter).await;
         }
@@ -438,6 +466,7 @@ impl Front {
             role: "leader",
             leads: Some((parsed.cohort, batch)),
             received: parsed.received,
+            warm_after,
         };
         self.send(send, headers).await
     }
@@ -493,6 +522,7 @@ impl Front {
             role,
             leads: None,
             received: parsed.received,
+            warm_after: None,
         };
         self.send(send, headers).await
     }
@@ -582,10 +612,14 @@ impl Front {
         let on_first: Box<dyn FnOnce() + Send + Sync> = {
             let front = Arc::clone(self);
             let (leads, received) = (send.leads, send.received);
+            let warm_after = send.warm_after.clone();
             Box::new(move || {
                 front.stats.heatmap.record(received.elapsed());
                 if let Some((cohort, batch)) = leads {
                     front.leader_prefilled(cohort, batch);
+                }
+                if let Some(plan) = warm_after {
+                    front.warm_predicted(&plan);
                 }
             })
         };
@@ -612,8 +646,9 @@ impl Front {
     }
 
     /// Warms the cohorts predicted to follow this one, on their owner replicas, when
-    /// those have idle capacity (the level's idle guard).
-    fn warm_predicted(self: &Arc<Self>, parsed: &Parsed) {
+    /// those have idle capacity (the level's idle guard). Called at the leader's first
+    /// byte, so its own prefill is never slowed by a warm-up on the same replica.
+    fn warm_predicted(self: &Arc<Self>, parsed: &WarmPlan) {
         let Some(policy) = parsed.level.policy() else {
             return;
         };

@@ -110,6 +110,8 @@ pub struct BatchSection {
     pub max_batch: usize,
     /// Members per batch while the replica's KV cache is above `kv_pressure`.
     pub max_batch_pressured: usize,
+    /// Members per batch on slot-pinned engines (llama.cpp), which run them in sequence.
+    pub max_batch_same_slot: usize,
     /// KV-cache usage (0–1, from engine metrics) that counts as memory pressure.
     pub kv_pressure: f64,
     /// Followers held at once, all cohorts; beyond, requests are sent on directly.
@@ -129,6 +131,7 @@ impl Default for BatchSection {
             max_hold_ms: core.max_hold_ms,
             max_batch: core.max_batch,
             max_batch_pressured: core.max_batch_pressured,
+            max_batch_same_slot: core.max_batch_same_slot,
             kv_pressure: 0.9,
             max_held: 1024,
             max_body_bytes: cohort_fingerprint::DEFAULT_MAX_BODY_BYTES,
@@ -476,6 +479,11 @@ impl ServeConfig {
                 "need 1 ≤ max_batch_pressured ({}) ≤ max_batch ({})",
                 b.max_batch_pressured, b.max_batch
             )));
+        }
+        if b.max_batch_same_slot == 0 {
+            return Err(ConfigError::Batch(
+                "max_batch_same_slot must be at least 1".to_owned(),
+            ));
         }
         if !(0.0..=1.0).contains(&b.kv_pressure) {
             return Err(ConfigError::Batch(format!(
