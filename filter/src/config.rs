@@ -53,6 +53,8 @@ pub struct HeaderNames {
     pub key: String,
     pub prefix: String,
     pub fp: String,
+    /// The version of the sketch in `fp` (sketches of different versions do not compare).
+    pub fp_version: String,
     pub cluster: String,
     pub shard: String,
     pub bypass: String,
@@ -73,6 +75,7 @@ impl Default for HeaderNames {
             key: "x-cohort-key".into(),
             prefix: "x-cohort-prefix".into(),
             fp: "x-cohort-fp".into(),
+            fp_version: "x-cohort-fp-version".into(),
             cluster: "x-cohort-cluster".into(),
             shard: "x-cohort-shard".into(),
             bypass: "x-cohort-bypass".into(),
@@ -90,22 +93,24 @@ impl Default for HeaderNames {
 
 impl HeaderNames {
     /// Headers only the filter may write: a client's values are removed from every request.
-    pub fn reserved(&self) -> [&str; 6] {
+    pub fn reserved(&self) -> [&str; 7] {
         [
             &self.key,
             &self.prefix,
             &self.fp,
+            &self.fp_version,
             &self.cluster,
             &self.shard,
             &self.bypass,
         ]
     }
 
-    fn all(&self) -> [(&'static str, &str); 14] {
+    fn all(&self) -> [(&'static str, &str); 15] {
         [
             ("key", &self.key),
             ("prefix", &self.prefix),
             ("fp", &self.fp),
+            ("fp_version", &self.fp_version),
             ("cluster", &self.cluster),
             ("shard", &self.shard),
             ("bypass", &self.bypass),
