@@ -55,6 +55,8 @@ pub struct HeaderNames {
     pub key: String,
     pub prefix: String,
     pub fp: String,
+    /// The version of the sketch in `fp` (sketches of different versions do not compare).
+    pub fp_version: String,
     pub cluster: String,
     pub shard: String,
     /// Batch mode: the index of the batcher shard whose HTTP front should take the
@@ -78,6 +80,7 @@ impl Default for HeaderNames {
             key: "x-cohort-key".into(),
             prefix: "x-cohort-prefix".into(),
             fp: "x-cohort-fp".into(),
+            fp_version: "x-cohort-fp-version".into(),
             cluster: "x-cohort-cluster".into(),
             shard: "x-cohort-shard".into(),
             batch: "x-cohort-batch".into(),
@@ -96,11 +99,12 @@ impl Default for HeaderNames {
 
 impl HeaderNames {
     /// Headers only the filter may write: a client's values are removed from every request.
-    pub fn reserved(&self) -> [&str; 7] {
+    pub fn reserved(&self) -> [&str; 8] {
         [
             &self.key,
             &self.prefix,
             &self.fp,
+            &self.fp_version,
             &self.cluster,
             &self.shard,
             &self.batch,
@@ -108,11 +112,12 @@ impl HeaderNames {
         ]
     }
 
-    fn all(&self) -> [(&'static str, &str); 15] {
+    fn all(&self) -> [(&'static str, &str); 16] {
         [
             ("key", &self.key),
             ("prefix", &self.prefix),
             ("fp", &self.fp),
+            ("fp_version", &self.fp_version),
             ("cluster", &self.cluster),
             ("shard", &self.shard),
             ("batch", &self.batch),

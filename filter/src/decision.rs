@@ -12,7 +12,7 @@
 
 use crate::config::FilterConfig;
 use cohort_fingerprint::knobs::{ParsedKnobs, RawKnobs};
-use cohort_fingerprint::{fingerprint, Fingerprint, Request, TenantSalt};
+use cohort_fingerprint::{fingerprint, Fingerprint, Request, TenantSalt, SKETCH_VERSION};
 
 /// Why a request passed through untouched (the `x-cohort-bypass` value).
 pub type BypassReason = &'static str;
@@ -174,6 +174,7 @@ pub fn route_body(
             (names.key.clone(), fp.routing_key.to_string()),
             (names.prefix.clone(), format!("{:016x}", fp.stable_prefix)),
             (names.fp.clone(), fp.intent.sketch.to_base64url()),
+            (names.fp_version.clone(), SKETCH_VERSION.to_string()),
             (names.cluster.clone(), cluster.clone()),
         ],
         cluster,
@@ -309,11 +310,13 @@ mod tests {
                 "x-cohort-key",
                 "x-cohort-prefix",
                 "x-cohort-fp",
+                "x-cohort-fp-version",
                 "x-cohort-cluster"
             ]
         );
         assert_eq!(routing.headers[0].1.len(), 16);
         assert_eq!(routing.headers[2].1.len(), 43);
+        assert_eq!(routing.headers[3].1, "2");
         assert_eq!(route_body(&config, &plan, b"{oops"), Err("invalid_json"));
     }
 

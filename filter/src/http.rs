@@ -5,7 +5,7 @@
 //! `x-cohort-*` headers, clear the route cache so Envoy routes on them, continue. Any
 //! failure (guards, parse errors, a body over the limit) is a bypass: the request goes on
 //! unchanged except for `x-cohort-bypass: <reason>`, and the reason is counted. Response:
-//! `x-cohort: <version>; mode=…; cluster=…` (or `bypass=…`).
+//! `x-cohort: <version>; mode=…; cluster=…; sketch=v2` (or `bypass=…`).
 //!
 //! Assign mode: after the headers are written (so the request is already routable by key),
 //! the request waits for a unary `Assign` call to its batcher shard, at most the configured
@@ -17,6 +17,7 @@ use crate::batcher;
 use crate::config::{FilterConfig, Mode};
 use crate::decision::{self, reason, HeadersVerdict, RequestPlan, Routing};
 use crate::root::{unix_ms, Shared};
+use cohort_fingerprint::SKETCH_VERSION;
 use cohort_proto as pb;
 use log::debug;
 use proxy_wasm::hostcalls;
@@ -383,15 +384,19 @@ impl HttpContext for CohortHttp {
                 shard: Some(shard),
                 ..
             } => format!(
-                "mode={}; cluster={cluster}; shard={shard}",
+                "mode={}; cluster={cluster}; shard={shard}; sketch=v{SKETCH_VERSION}",
                 config.mode.as_str()
             ),
             State::Routed {
                 cluster,
                 fallback: Some(why),
                 ..
-            } => format!("mode=affinity; cluster={cluster}; fallback={why}"),
-            State::Routed { cluster, .. } => format!("mode=affinity; cluster={cluster}"),
+            } => format!(
+                "mode=affinity; cluster={cluster}; fallback={why}; sketch=v{SKETCH_VERSION}"
+            ),
+            State::Routed { cluster, .. } => {
+                format!("mode=affinity; cluster={cluster}; sketch=v{SKETCH_VERSION}")
+            }
             State::Bypassed(reason) => format!("mode={}; bypass={reason}", config.mode.as_str()),
             State::Untouched | State::Buffering(_) | State::Assigning(_) => {
                 return Action::Continue

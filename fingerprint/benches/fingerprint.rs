@@ -2,9 +2,12 @@
 //!
 //! `cargo bench -p cohort-fingerprint` — criterion prints time per body and throughput
 //! for realistic OpenAI chat bodies of 1 KB, 8 KB and 32 KB (system prompt, tools, a few
-//! turns, a last user turn with variables to mask), and for the intent sketch alone.
+//! turns, a last user turn with variables to mask), and for the intent sketch alone: a
+//! short turn, and a 1 KB prompt in sketch version 2 (the default) and version 1.
 
-use cohort_fingerprint::{fingerprint, IntentSketch, Request, SemanticMode};
+use cohort_fingerprint::{
+    fingerprint, mask, normalize, IntentSketch, Request, SemanticMode, Sketch,
+};
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 
 const PROSE: &str = "I want you to act as a customer support agent for an online bank. \
@@ -60,7 +63,34 @@ fn bench(c: &mut Criterion) {
             b.iter(|| IntentSketch::of_text(black_box(ask), SemanticMode::Hybrid))
         });
     }
+    let prompt = one_kb_prompt();
+    group.throughput(Throughput::Bytes(prompt.len() as u64));
+    for version in [2, 1] {
+        group.bench_function(format!("prompt_{}B_v{version}", prompt.len()), |b| {
+            b.iter(|| {
+                let tokens = mask::tokenize(&normalize::normalize(black_box(&prompt)));
+                Sketch::of_version(version, &tokens, SemanticMode::Intent)
+            })
+        });
+    }
     group.finish();
+}
+
+/// About 1 KB of user prompt: prose and questions with a few variables.
+fn one_kb_prompt() -> String {
+    let mut prompt = String::new();
+    let mut i = 0;
+    while prompt.len() < 1000 {
+        prompt.push_str(if i % 2 == 0 {
+            PROSE
+        } else {
+            ASKS[(i / 2) % ASKS.len()]
+        });
+        prompt.push(' ');
+        i += 1;
+    }
+    prompt.truncate(1024); // ASCII: every byte is a char boundary
+    prompt
 }
 
 criterion_group!(benches, bench);

@@ -7,7 +7,9 @@
 //! 2. [`prefix`] hashes fixed-size blocks of it into a chain (like an engine's KV blocks)
 //!    and hashes the stable prefix (model + system + tools);
 //! 3. the intent text (the last user turn, or `x-original-query`) is [`normalize`]d,
-//!    [`mask`]ed and [`sketch`]ed into 32 int8 dimensions;
+//!    [`mask`]ed and [`sketch`]ed into 32 int8 dimensions (version 2: the masked words'
+//!    [`wordpiece`] pieces summed over a table distilled from all-MiniLM-L6-v2, embedded
+//!    in the crate; docs/SKETCH.md);
 //! 4. [`key`] derives the routing key from the tenant salt, the anchor (stable prefix or
 //!    cohort) and the app's key.
 //!
@@ -19,6 +21,7 @@
 //! same bytes.
 
 pub mod api;
+mod bert_unicode;
 pub mod canonical;
 pub mod error;
 pub mod json;
@@ -30,6 +33,7 @@ pub mod prefix;
 pub mod record;
 pub mod shard;
 pub mod sketch;
+pub mod wordpiece;
 
 pub use canonical::{Api, CanonicalPrompt};
 pub use error::FingerprintError;
