@@ -42,8 +42,9 @@ pub struct BatchConfig {
     pub max_batch: usize,
     /// Members per batch while the replica reports KV-cache pressure.
     pub max_batch_pressured: usize,
-    /// Members per batch on slot-pinned engines ([`Release::SameSlot`]): they run in
-    /// sequence, each paying a whole decode, so long chains trade latency for little.
+    /// Members per batch on slot-pinned engines ([`Release::SameSlot`]), which run them in
+    /// sequence: lower it to bound that chain (a lower cap measured worse on a CPU
+    /// llama.cpp, where the next batch then recomputes the prefix; see docs/BENCH-BATCH.md).
     pub max_batch_same_slot: usize,
 }
 
@@ -54,7 +55,7 @@ impl Default for BatchConfig {
             max_hold_ms: 2_000,
             max_batch: 16,
             max_batch_pressured: 8,
-            max_batch_same_slot: 4,
+            max_batch_same_slot: 16,
         }
     }
 }
@@ -219,15 +220,12 @@ impl BatchTable {
 
 /// Which slot of a replica a batch is pinned to, for engines that cache per slot.
 ///
-/// A slot keeps the prefix of the last prompt it ran. A batch goes to a slot that last ran
-/// its cohort if there is one with fewer than [`HOLDER_QUEUE_LIMIT`] requests in flight (its
-/// prefix is still there), else to the slot with the fewest requests in flight, preferring
-/// the one used longest ago (its prefix is the least likely to be wanted again). So a cohort
-/// queued deep on one slot spills onto an idle one (one more prefill) instead of waiting
-/// behind itself while the other slot idles.
-/// Requests in flight on a cohort's slot beyond which a new batch of it takes another slot.
-pub const HOLDER_QUEUE_LIMIT: u32 = 2;
-
+/// A slot keeps the prefix of the last prompt it ran. A batch goes to the slot that last
+/// ran its cohort if there is one (its prefix is still there), however long its queue,
+/// else to the slot with the fewest requests in flight, preferring the one used longest
+/// ago (its prefix is the least likely to be wanted again). Spilling a queued cohort onto
+/// an idle slot was measured and rejected: on a CPU llama.cpp the slots share the same
+/// threads, so the idle slot adds a prefill, not capacity (docs/BENCH-BATCH.md).
 #[derive(Debug, Clone)]
 pub struct SlotTable {
     slots: Vec<Vec<SlotState>>,
@@ -271,7 +269,7 @@ impl SlotTable {
         };
         let slot = slots
             .iter()
-            .position(|s| s.cohort == Some(cohort) && s.in_flight < HOLDER_QUEUE_LIMIT)
+            .position(|s| s.cohort == Some(cohort))
             .unwrap_or_else(|| {
                 (0..slots.len())
                     .min_by_key(|&i| (slots[i].in_flight, slots[i].last_used_ms))
@@ -490,12 +488,12 @@ mod tests {
         assert_eq!(s.pick(0, 300, 5), a);
         assert!(!s.holds(0, 100));
         assert!(!s.holds(1, 100));
-        // A cohort queued deep on its slot spills onto an idle one.
+        // A cohort stays on its slot, queued or not; a replica that went away holds nothing.
         let mut q = SlotTable::new(&[2]);
         let held = q.pick(0, 9, 0);
         q.started(0, held);
         q.started(0, held);
-        assert_ne!(q.pick(0, 9, 1), held, "two in flight: take the idle slot");
+        assert_eq!(q.pick(0, 9, 1), held);
         q.forget(0);
         assert!(!q.holds(0, 9));
         s.resize(1, 1);
