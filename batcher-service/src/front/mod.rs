@@ -20,31 +20,33 @@
 //!    unchanged — status, headers, JSON or SSE, frame by frame. A caller that disconnects
 //!    drops only its own engine request;
 //! 4. learn the cohort sequence and warm the predicted next cohorts on idle replicas
-//!    ([`prefetch`]); load LoRA adapters where their cohorts go ([`lora`]).
+//!    ([`prefetch`], [`warm`]); load LoRA adapters where their cohorts go ([`lora`]).
 //!
 //! If the chosen replica is unreachable the request goes to the next healthy one; only
 //! when none answers does the caller get a 502 naming the cause. On shutdown held
 //! followers are released at once and every accepted request is answered.
 
+mod dispatch;
 mod engine_watch;
 mod lora;
 mod prefetch;
 mod stats;
 mod upstream;
+mod warm;
 
 use crate::serve::config::ServeConfig;
 use crate::serve::metrics::Page;
 use crate::serve::Clock;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Uri};
+use axum::http::{HeaderMap, Response, StatusCode, Uri};
 use axum::routing::post;
 use axum::Router;
 use cohort_batcher_core::batch::{
     Admission, BatchConfig, BatchId, BatchTable, Release, ReplicaTraits, SlotTable,
 };
 use cohort_batcher_core::engines::{
-    cache_salt, warmup_body, Engine, EngineKind, EngineMetrics, FrontApi, LoraAdapter, Member,
+    cache_salt, Engine, EngineKind, EngineMetrics, FrontApi, LoraAdapter,
 };
 use cohort_batcher_core::predict::{PredictConfig, PrefetchLevel};
 use cohort_fingerprint::shard::jump_hash;
@@ -57,8 +59,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use tracing::warn;
-use upstream::{Relay, Upstream, UpstreamError};
+use upstream::Upstream;
 
 pub use engine_watch::spawn as spawn_engine_watch;
 
@@ -527,231 +528,10 @@ impl Front {
         self.send(send, headers).await
     }
 
-    /// Sends one request, failing over to the next healthy replica when the engine is
-    /// unreachable, and relays the answer.
-    async fn send(self: Arc<Self>, send: Dispatch, headers: &HeaderMap) -> Response<Body> {
-        let n = self.replicas.len();
-        let mut replica = send.replica;
-        let mut slot = send.slot;
-        for attempt in 0..n {
-            if attempt > 0 {
-                replica = self.healthy_from((replica + 1) % n);
-                slot = None;
-                self.stats.failovers.fetch_add(1, Ordering::Relaxed);
-            }
-            let target = &self.replicas[replica];
-            let body = match &send.body {
-                SendBody::Raw(bytes) => bytes.clone(),
-                SendBody::Json(map) => {
-                    let mut map = map.clone();
-                    target.engine.prepare(
-                        &mut map,
-                        &Member {
-                            salt: send.salt.as_deref(),
-                            slot,
-                        },
-                    );
-                    Bytes::from(serde_json::to_vec(&map).unwrap_or_default())
-                }
-            };
-            if let Some(s) = slot {
-                lock(&self.slots).started(replica, s);
-            }
-            target.in_flight.fetch_add(1, Ordering::Relaxed);
-            let result = self
-                .upstream
-                .send(Method::POST, &target.base, send.api.path(), headers, body)
-                .await;
-            match result {
-                Ok(response) => return self.relay(response, &send, replica, slot),
-                Err(error) => {
-                    target.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    if let Some(s) = slot {
-                        lock(&self.slots).finished(replica, s, self.clock.now_ms());
-                    }
-                    warn!(replica = %target.name, %error, "engine request failed");
-                    if matches!(error, UpstreamError::Connect(_)) {
-                        target.set_healthy(false);
-                        continue;
-                    }
-                    break;
-                }
-            }
-        }
-        if let Some((cohort, batch)) = send.leads {
-            self.leader_prefilled(cohort, batch);
-        }
-        self.stats.unreachable.fetch_add(1, Ordering::Relaxed);
-        let body = serde_json::json!({"error": {
-            "type": "cohort_engine_unreachable",
-            "message": "cohort batch front: no engine replica answered this request",
-        }});
-        let mut response = Response::new(Body::from(body.to_string()));
-        *response.status_mut() = StatusCode::BAD_GATEWAY;
-        response
-            .headers_mut()
-            .insert("content-type", HeaderValue::from_static("application/json"));
-        response
-    }
-
-    fn relay(
-        self: &Arc<Self>,
-        response: Response<hyper::body::Incoming>,
-        send: &Dispatch,
-        replica: usize,
-        slot: Option<usize>,
-    ) -> Response<Body> {
-        let (mut parts, incoming) = response.into_parts();
-        for name in ["connection", "keep-alive", "transfer-encoding"] {
-            parts.headers.remove(name);
-        }
-        let tag = format!("{};replica={}", send.role, self.replicas[replica].name);
-        if let Ok(value) = HeaderValue::from_str(&tag) {
-            parts.headers.insert("x-cohort-batch", value);
-        }
-        let on_first: Box<dyn FnOnce() + Send + Sync> = {
-            let front = Arc::clone(self);
-            let (leads, received) = (send.leads, send.received);
-            let warm_after = send.warm_after.clone();
-            Box::new(move || {
-                front.stats.heatmap.record(received.elapsed());
-                if let Some((cohort, batch)) = leads {
-                    front.leader_prefilled(cohort, batch);
-                }
-                if let Some(plan) = warm_after {
-                    front.warm_predicted(&plan);
-                }
-            })
-        };
-        let front = Arc::clone(self);
-        let on_end = Box::new(move |finished: bool| {
-            front.replicas[replica]
-                .in_flight
-                .fetch_sub(1, Ordering::Relaxed);
-            if let Some(s) = slot {
-                lock(&front.slots).finished(replica, s, front.clock.now_ms());
-            }
-            if !finished {
-                front.stats.cancelled.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-        Response::from_parts(parts, Body::new(Relay::new(incoming, on_first, on_end)))
-    }
-
     fn leader_prefilled(&self, cohort: u64, batch: BatchId) {
         lock(&self.batches).leader_prefilled(cohort, batch);
         if let Some(state) = lock(&self.states).get(&batch) {
             state.prefilled.send_replace(true);
-        }
-    }
-
-    /// Warms the cohorts predicted to follow this one, on their owner replicas, when
-    /// those have idle capacity (the level's idle guard). Called at the leader's first
-    /// byte, so its own prefill is never slowed by a warm-up on the same replica.
-    fn warm_predicted(self: &Arc<Self>, parsed: &WarmPlan) {
-        let Some(policy) = parsed.level.policy() else {
-            return;
-        };
-        let now = self.clock.now_ms();
-        for (prediction, exemplar) in
-            self.prefetch
-                .plan(parsed.tenant_hash, parsed.cohort, now, policy)
-        {
-            let replica = exemplar.replica;
-            let target = &self.replicas[replica];
-            if !target.is_healthy() {
-                continue;
-            }
-            let slot = if target.engine.release() == Release::SameSlot {
-                let mut slots = lock(&self.slots);
-                if slots.holds(replica, prediction.cohort)
-                    || slots.idle_slots(replica) < policy.idle_slots
-                {
-                    continue;
-                }
-                Some(slots.pick(replica, prediction.cohort, now))
-            } else {
-                let waiting = lock(&target.metrics).waiting.unwrap_or(0.0);
-                if waiting > 0.0
-                    || target.in_flight.load(Ordering::Relaxed) >= 4 * policy.idle_slots
-                {
-                    continue;
-                }
-                None
-            };
-            self.prefetch.issued(prediction.cohort, replica, now);
-            let mut body = warmup_body(exemplar.api, &exemplar.body);
-            target.engine.prepare(
-                &mut body,
-                &Member {
-                    salt: parsed.salt.as_deref(),
-                    slot,
-                },
-            );
-            let adapter = self
-                .lora
-                .needed(body.get("model").and_then(Value::as_str), prediction.cohort)
-                .cloned();
-            let front = Arc::clone(self);
-            let cohort = prediction.cohort;
-            let api = exemplar.api;
-            tokio::spawn(async move {
-                if let Some(adapter) = adapter {
-                    front.ensure_lora(replica, &adapter).await;
-                }
-                if let Some(s) = slot {
-                    lock(&front.slots).started(replica, s);
-                }
-                let target = &front.replicas[replica];
-                let result = front
-                    .upstream
-                    .call(
-                        Method::POST,
-                        &target.base,
-                        api.path(),
-                        Some(Bytes::from(serde_json::to_vec(&body).unwrap_or_default())),
-                        Duration::from_secs(60),
-                    )
-                    .await;
-                if let Some(s) = slot {
-                    lock(&front.slots).finished(replica, s, front.clock.now_ms());
-                }
-                if !matches!(result, Ok((200..=299, _))) {
-                    front.prefetch.failed(cohort);
-                }
-            });
-        }
-    }
-
-    /// Loads `adapter` on `replica` unless it is there (engines that load at run time).
-    async fn ensure_lora(&self, replica: usize, adapter: &LoraAdapter) {
-        if self.lora.is_loaded(replica, adapter) {
-            return;
-        }
-        let target = &self.replicas[replica];
-        let Some(call) = target.engine.lora_load(adapter) else {
-            return;
-        };
-        let body = Bytes::from(call.body.to_string());
-        let result = self
-            .upstream
-            .call(
-                Method::POST,
-                &target.base,
-                call.path,
-                Some(body),
-                Duration::from_secs(30),
-            )
-            .await;
-        match result {
-            Ok((status, _)) if (200..300).contains(&status) => {
-                self.lora.mark_loaded(replica, adapter);
-                self.stats.lora_loads.fetch_add(1, Ordering::Relaxed);
-            }
-            other => {
-                self.stats.lora_load_errors.fetch_add(1, Ordering::Relaxed);
-                warn!(replica = %target.name, adapter = %adapter.name, result = ?other.map(|(s, _)| s), "LoRA load failed");
-            }
         }
     }
 

@@ -1,0 +1,126 @@
+//! What the front sends on its own, beside callers' requests: warm-ups of predicted cohorts
+//! (at a leader's first byte, on the predicted cohort's owner replica when it has idle
+//! capacity) and LoRA adapter loads (before the first request that needs one).
+
+use super::{lock, Front, WarmPlan};
+use axum::body::Bytes;
+use axum::http::Method;
+use cohort_batcher_core::batch::Release;
+use cohort_batcher_core::engines::{warmup_body, LoraAdapter, Member};
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::warn;
+
+impl Front {
+    /// Warms the cohorts predicted to follow this one, on their owner replicas, when
+    /// those have idle capacity (the level's idle guard). Called at the leader's first
+    /// byte, so its own prefill is never slowed by a warm-up on the same replica.
+    pub(super) fn warm_predicted(self: &Arc<Self>, parsed: &WarmPlan) {
+        let Some(policy) = parsed.level.policy() else {
+            return;
+        };
+        let now = self.clock.now_ms();
+        for (prediction, exemplar) in
+            self.prefetch
+                .plan(parsed.tenant_hash, parsed.cohort, now, policy)
+        {
+            let replica = exemplar.replica;
+            let target = &self.replicas[replica];
+            if !target.is_healthy() {
+                continue;
+            }
+            let slot = if target.engine.release() == Release::SameSlot {
+                let mut slots = lock(&self.slots);
+                if slots.holds(replica, prediction.cohort)
+                    || slots.idle_slots(replica) < policy.idle_slots
+                {
+                    continue;
+                }
+                Some(slots.pick(replica, prediction.cohort, now))
+            } else {
+                let waiting = lock(&target.metrics).waiting.unwrap_or(0.0);
+                if waiting > 0.0
+                    || target.in_flight.load(Ordering::Relaxed) >= 4 * policy.idle_slots
+                {
+                    continue;
+                }
+                None
+            };
+            self.prefetch.issued(prediction.cohort, replica, now);
+            let mut body = warmup_body(exemplar.api, &exemplar.body);
+            target.engine.prepare(
+                &mut body,
+                &Member {
+                    salt: parsed.salt.as_deref(),
+                    slot,
+                },
+            );
+            let adapter = self
+                .lora
+                .needed(body.get("model").and_then(Value::as_str), prediction.cohort)
+                .cloned();
+            let front = Arc::clone(self);
+            let cohort = prediction.cohort;
+            let api = exemplar.api;
+            tokio::spawn(async move {
+                if let Some(adapter) = adapter {
+                    front.ensure_lora(replica, &adapter).await;
+                }
+                if let Some(s) = slot {
+                    lock(&front.slots).started(replica, s);
+                }
+                let target = &front.replicas[replica];
+                let result = front
+                    .upstream
+                    .call(
+                        Method::POST,
+                        &target.base,
+                        api.path(),
+                        Some(Bytes::from(serde_json::to_vec(&body).unwrap_or_default())),
+                        Duration::from_secs(60),
+                    )
+                    .await;
+                if let Some(s) = slot {
+                    lock(&front.slots).finished(replica, s, front.clock.now_ms());
+                }
+                if !matches!(result, Ok((200..=299, _))) {
+                    front.prefetch.failed(cohort);
+                }
+            });
+        }
+    }
+
+    /// Loads `adapter` on `replica` unless it is there (engines that load at run time).
+    pub(super) async fn ensure_lora(&self, replica: usize, adapter: &LoraAdapter) {
+        if self.lora.is_loaded(replica, adapter) {
+            return;
+        }
+        let target = &self.replicas[replica];
+        let Some(call) = target.engine.lora_load(adapter) else {
+            return;
+        };
+        let body = Bytes::from(call.body.to_string());
+        let result = self
+            .upstream
+            .call(
+                Method::POST,
+                &target.base,
+                call.path,
+                Some(body),
+                Duration::from_secs(30),
+            )
+            .await;
+        match result {
+            Ok((status, _)) if (200..300).contains(&status) => {
+                self.lora.mark_loaded(replica, adapter);
+                self.stats.lora_loads.fetch_add(1, Ordering::Relaxed);
+            }
+            other => {
+                self.stats.lora_load_errors.fetch_add(1, Ordering::Relaxed);
+                warn!(replica = %target.name, adapter = %adapter.name, result = ?other.map(|(s, _)| s), "LoRA load failed");
+            }
+        }
+    }
+}
