@@ -29,6 +29,17 @@ fn front(replicas: &[String], extra_args: Vec<String>) -> Batcher {
     })
 }
 
+/// A front over one generic OpenAI-compatible engine (`upstream`, as replica-0).
+fn openai_front(upstream: &Upstream) -> Batcher {
+    front(
+        &[format!(
+            "replica-0=openai+http://127.0.0.1:{}",
+            upstream.port
+        )],
+        Vec::new(),
+    )
+}
+
 fn chat(model: &str, system: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "model": model,
@@ -118,13 +129,7 @@ fn vllm_members_carry_their_tenant_salt_and_their_adapter_is_loaded_once() {
 #[test]
 fn a_body_the_front_cannot_parse_goes_to_an_engine_unchanged() {
     let upstream = Upstream::start("replica-0");
-    let batcher = front(
-        &[format!(
-            "replica-0=openai+http://127.0.0.1:{}",
-            upstream.port
-        )],
-        Vec::new(),
-    );
+    let batcher = openai_front(&upstream);
     let port = batcher.spec.front_port.unwrap();
     let raw = b"{\"model\": \"m\", \"messages\": [unterminated";
     let response = post_json(port, CHAT, &[], raw);
@@ -222,13 +227,7 @@ fn a_predicted_cohort_is_warmed_on_its_owner_before_it_arrives() {
 fn the_front_is_no_open_proxy_and_never_logs_prompts() {
     let upstream = Upstream::start("replica-0");
     let elsewhere = Upstream::start("elsewhere");
-    let batcher = front(
-        &[format!(
-            "replica-0=openai+http://127.0.0.1:{}",
-            upstream.port
-        )],
-        Vec::new(),
-    );
+    let batcher = openai_front(&upstream);
     let port = batcher.spec.front_port.unwrap();
     let secret = "my-account-password-hunter2";
     let body = chat("m", &format!("Remember {secret}."));

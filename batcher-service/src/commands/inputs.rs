@@ -3,6 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
+use cohort_batcher_core::score::corpus::DEFAULT_BLOCK_BYTES;
+use cohort_batcher_core::score::DEFAULT_MIN_SCORE;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
@@ -10,6 +12,19 @@ use std::path::PathBuf;
 pub enum Format {
     Table,
     Json,
+}
+
+/// The options `score` and `lint` share.
+#[derive(clap::Args)]
+pub struct ScoreOptions {
+    /// Engine cache block, bytes (64 ≈ 16 tokens).
+    #[arg(long, default_value_t = DEFAULT_BLOCK_BYTES)]
+    pub block_bytes: usize,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Exit 1 when anything scores below this.
+    #[arg(long, default_value_t = DEFAULT_MIN_SCORE)]
+    pub min_score: f64,
 }
 
 /// The files named by `args`: plain paths as given, glob patterns (`*`, `?`, `[`)

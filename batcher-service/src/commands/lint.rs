@@ -4,12 +4,9 @@
 //! ([`cohort_batcher_core::score::template`]). Exits 1 when a template scores below
 //! `--min-score` (0.3), so a CI job can keep cache-hostile templates out.
 
-use super::inputs::{expand, verdict, Format};
+use super::inputs::{expand, verdict, Format, ScoreOptions};
 use anyhow::{Context, Result};
-use cohort_batcher_core::score::template::{
-    analyse, TemplateReport, DEFAULT_BLOCK_BYTES, DEFAULT_VARIABLE_BYTES,
-};
-use cohort_batcher_core::score::DEFAULT_MIN_SCORE;
+use cohort_batcher_core::score::template::{analyse, TemplateReport, DEFAULT_VARIABLE_BYTES};
 use serde_json::json;
 use std::process::ExitCode;
 
@@ -21,14 +18,8 @@ pub struct Args {
     /// Expected size of one variable's value, bytes.
     #[arg(long, default_value_t = DEFAULT_VARIABLE_BYTES)]
     variable_bytes: usize,
-    /// Engine cache block, bytes (64 ≈ 16 tokens).
-    #[arg(long, default_value_t = DEFAULT_BLOCK_BYTES)]
-    block_bytes: usize,
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    format: Format,
-    /// Exit 1 when a template scores below this.
-    #[arg(long, default_value_t = DEFAULT_MIN_SCORE)]
-    min_score: f64,
+    #[command(flatten)]
+    options: ScoreOptions,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -38,15 +29,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .with_context(|| format!("cannot read {}", path.display()))?;
         reports.push((
             path.display().to_string(),
-            analyse(&text, args.variable_bytes, args.block_bytes),
+            analyse(&text, args.variable_bytes, args.options.block_bytes),
         ));
     }
-    match args.format {
+    match args.options.format {
         Format::Json => println!(
             "{}",
             serde_json::to_string_pretty(&json!({
                 "templates": reports.iter().map(|(t, r)| json!({"template": t, "report": r})).collect::<Vec<_>>(),
-                "min_score": args.min_score,
+                "min_score": args.options.min_score,
             }))?
         ),
         Format::Table => {
@@ -55,7 +46,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 "template", "score", "prefix bytes", "variables", "entropy bits"
             );
             for (template, r) in &reports {
-                let verdict = if r.score < args.min_score {
+                let verdict = if r.score < args.options.min_score {
                     "FAIL"
                 } else {
                     "ok"
@@ -72,6 +63,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     Ok(verdict(
         reports.iter().map(|(_, r)| r.score),
-        args.min_score,
+        args.options.min_score,
     ))
 }

@@ -7,12 +7,9 @@
 //! from the filter's block hashes and cohort concentration from its sketches. Exits 1
 //! when a group scores below `--min-score` (0.3).
 
-use super::inputs::{expand, verdict, Format, Progress};
+use super::inputs::{expand, verdict, Format, Progress, ScoreOptions};
 use anyhow::{Context, Result};
-use cohort_batcher_core::score::corpus::{
-    chained_blocks, CorpusScore, CorpusScorer, DEFAULT_BLOCK_BYTES,
-};
-use cohort_batcher_core::score::DEFAULT_MIN_SCORE;
+use cohort_batcher_core::score::corpus::{chained_blocks, CorpusScore, CorpusScorer};
 use cohort_fingerprint::{api, IntentSketch, SemanticMode};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -26,14 +23,8 @@ pub struct Args {
     /// Group JSONL lines by this field instead of by file.
     #[arg(long)]
     group_by: Option<String>,
-    /// Engine cache block, bytes (64 ≈ 16 tokens).
-    #[arg(long, default_value_t = DEFAULT_BLOCK_BYTES)]
-    block_bytes: usize,
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    format: Format,
-    /// Exit 1 when a group scores below this.
-    #[arg(long, default_value_t = DEFAULT_MIN_SCORE)]
-    min_score: f64,
+    #[command(flatten)]
+    options: ScoreOptions,
 }
 
 /// One prompt: a request body, or plain text wrapped as one user message.
@@ -85,7 +76,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         progress.tick();
         match api::parse_request(body, None) {
             Ok(prompt) => {
-                let blocks = chained_blocks(prompt.bytes(), args.block_bytes);
+                let blocks = chained_blocks(prompt.bytes(), args.options.block_bytes);
                 let sketch = prompt
                     .last_user_text()
                     .map(|text| IntentSketch::of_text(text, SemanticMode::Intent).sketch);
@@ -100,13 +91,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut rows: Vec<(String, CorpusScore)> =
         groups.into_iter().map(|(g, s)| (g, s.finish())).collect();
     rows.sort_by(|a, b| b.1.score.total_cmp(&a.1.score).then(a.0.cmp(&b.0)));
-    match args.format {
+    match args.options.format {
         Format::Json => println!(
             "{}",
             serde_json::to_string_pretty(&json!({
                 "groups": rows.iter().map(|(g, s)| json!({"group": g, "score": s})).collect::<Vec<_>>(),
                 "unparsed": unparsed,
-                "min_score": args.min_score,
+                "min_score": args.options.min_score,
             }))?
         ),
         Format::Table => {
@@ -132,5 +123,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
         }
     }
-    Ok(verdict(rows.iter().map(|(_, s)| s.score), args.min_score))
+    Ok(verdict(
+        rows.iter().map(|(_, s)| s.score),
+        args.options.min_score,
+    ))
 }

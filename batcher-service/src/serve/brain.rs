@@ -225,10 +225,14 @@ impl Brain {
         let live = cohorts.live(now_s);
         let counters = cohorts.counters();
         drop(cohorts);
-        let mut pivot: Vec<_> = lock(&self.pivot)
-            .iter()
-            .map(|((c, src), n)| (*c, src.clone(), *n))
-            .collect();
+        let (mut pivot, pivot_full) = {
+            let counts = lock(&self.pivot);
+            let rows: Vec<_> = counts
+                .iter()
+                .map(|((c, src), n)| (*c, src.clone(), *n))
+                .collect();
+            (rows, counts.len() >= PIVOT_CAP)
+        };
         pivot.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
         let store = self.store.stats();
         serde_json::json!({
@@ -246,7 +250,7 @@ impl Brain {
                 "source": if src.is_empty() { "(no tenant)" } else { src.as_str() },
                 "requests": n,
             })).collect::<Vec<_>>(),
-            "pivot_full": lock(&self.pivot).len() >= PIVOT_CAP,
+            "pivot_full": pivot_full,
             "store": {
                 "entries": store.entries,
                 "bytes": store.bytes,
