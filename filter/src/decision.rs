@@ -78,6 +78,23 @@ pub enum HeadersVerdict {
     Buffer(Box<RequestPlan>),
 }
 
+/// Request headers as text. Envoy hands header values over as bytes and a client may send
+/// any byte above 0x7F in one; a value that is not UTF-8 is read lossily (each invalid
+/// sequence becomes U+FFFD), so a knob sent that way is malformed (default, counted) and
+/// nothing panics. Names are always ASCII tokens (Envoy's codecs reject anything else).
+pub fn headers_as_text<V: AsRef<[u8]>>(headers: Vec<(String, V)>) -> Vec<(String, String)> {
+    headers
+        .into_iter()
+        .map(|(name, value)| {
+            let text = match std::str::from_utf8(value.as_ref()) {
+                Ok(text) => text.to_owned(),
+                Err(_) => String::from_utf8_lossy(value.as_ref()).into_owned(),
+            };
+            (name, text)
+        })
+        .collect()
+}
+
 fn first<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
     headers
         .iter()
@@ -318,6 +335,23 @@ mod tests {
         assert_eq!(routing.headers[2].1.len(), 43);
         assert_eq!(routing.headers[3].1, "2");
         assert_eq!(route_body(&config, &plan, b"{oops"), Err("invalid_json"));
+    }
+
+    #[test]
+    fn a_knob_that_is_not_utf8_is_malformed_not_a_panic() {
+        let config = FilterConfig::default();
+        let mut raw: Vec<(String, Vec<u8>)> = headers(&[])
+            .into_iter()
+            .map(|(n, v)| (n, v.into_bytes()))
+            .collect();
+        raw.push(("x-cohort-semantic-mode".into(), vec![0xFF, 0xFE, b'x']));
+        raw.push(("x-cohort-prefetch".into(), b"high".to_vec()));
+        let text = headers_as_text(raw);
+        assert_eq!(text[2].1, "\u{FFFD}\u{FFFD}x");
+        let plan = plan(inspect_headers(&config, &text, None));
+        assert_eq!(plan.knobs.invalid.len(), 1);
+        assert_eq!(plan.knobs.invalid[0].knob.as_str(), "semantic_mode");
+        assert_eq!(plan.knobs.knobs.prefetch.as_str(), "high");
     }
 
     #[test]

@@ -87,9 +87,8 @@ impl CohortHttp {
     /// default paths) are still counted as `invalid_config` bypasses so the problem shows.
     fn count_unconfigured_request(&self, shared: &Shared) {
         let Some(stats) = &shared.stats else { return };
-        let method = self.get_http_request_header(":method");
-        let path = self.get_http_request_header(":path").unwrap_or_default();
-        if method.as_deref() == Some("POST") && FilterConfig::default().is_api_path(&path) {
+        let headers = self.request_headers();
+        if decision::is_api_request(&FilterConfig::default(), &headers) {
             stats.inc(stats.requests);
             stats.count_bypass(reason::INVALID_CONFIG);
         }
@@ -205,6 +204,12 @@ impl CohortHttp {
         }
     }
 
+    /// The request headers, read as bytes: the SDK's string getters panic (and so kill the
+    /// VM) on a value that is not UTF-8, which any client can send.
+    fn request_headers(&self) -> Vec<(String, String)> {
+        decision::headers_as_text(self.get_http_request_headers_bytes())
+    }
+
     fn peer_principal(&self) -> Option<String> {
         let bytes = self.get_property(vec!["source", "principal"])?;
         String::from_utf8(bytes).ok()
@@ -305,7 +310,7 @@ impl HttpContext for CohortHttp {
             self.count_unconfigured_request(&shared);
             return Action::Continue;
         };
-        let headers = self.get_http_request_headers();
+        let headers = self.request_headers();
         for name in decision::spoofed_headers(config, &headers) {
             self.set_http_request_header(name, None);
             if let Some(stats) = &shared.stats {

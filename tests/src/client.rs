@@ -25,10 +25,21 @@ impl Response {
 
 /// Sends `raw` as is on a new connection and reads one response.
 pub fn send_raw(port: u16, raw: &[u8]) -> std::io::Result<Response> {
+    send_paced(port, &[raw], Duration::ZERO)
+}
+
+/// Sends `pieces` on a new connection with `pause` between them (a slow client), then
+/// reads one response.
+pub fn send_paced(port: u16, pieces: &[&[u8]], pause: Duration) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    stream.write_all(raw)?;
+    for (i, piece) in pieces.iter().enumerate() {
+        if i > 0 {
+            std::thread::sleep(pause);
+        }
+        stream.write_all(piece)?;
+    }
     read_response(&mut BufReader::new(stream))
 }
 
@@ -138,7 +149,13 @@ fn read_head(reader: &mut impl BufRead) -> std::io::Result<(u16, Vec<(String, St
 }
 
 fn read_response(reader: &mut impl BufRead) -> std::io::Result<Response> {
-    let (status, headers) = read_head(reader)?;
+    // Interim responses (`100 Continue` to `Expect: 100-continue`) precede the real one.
+    let (status, headers) = loop {
+        let (status, headers) = read_head(reader)?;
+        if !(100..200).contains(&status) {
+            break (status, headers);
+        }
+    };
     let header = |name: &str| {
         headers
             .iter()

@@ -20,8 +20,20 @@ pub struct Envoy {
 }
 
 impl Envoy {
-    /// Starts Envoy with `config` (YAML) and waits until its admin `/ready` answers 200.
+    /// Starts Envoy with `config` (YAML) and waits until its admin `/ready` answers 200;
+    /// it logs warnings and errors only.
     pub fn start(config: &serde_yaml::Value, admin_port: u16, listen_port: u16) -> Envoy {
+        Envoy::start_logging(config, admin_port, listen_port, "warning")
+    }
+
+    /// As [`Envoy::start`], logging at `level` (`info` is Envoy's default level: tests
+    /// that read the log for leaked prompt text run it there).
+    pub fn start_logging(
+        config: &serde_yaml::Value,
+        admin_port: u16,
+        listen_port: u16,
+        level: &str,
+    ) -> Envoy {
         let dir =
             std::env::temp_dir().join(format!("cohort-envoy-{}-{listen_port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -37,13 +49,7 @@ impl Envoy {
         let child = Command::new(&binary)
             .arg("-c")
             .arg(&config_path)
-            .args([
-                "--use-dynamic-base-id",
-                "--concurrency",
-                "2",
-                "-l",
-                "warning",
-            ])
+            .args(["--use-dynamic-base-id", "--concurrency", "2", "-l", level])
             .current_dir(crate::workspace())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -74,7 +80,7 @@ impl Envoy {
         panic!("envoy not ready after 30 s:\n{}", self.log());
     }
 
-    /// Envoy's own log (warnings and errors).
+    /// Envoy's own log (at the level it was started with).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default()
     }
