@@ -12,6 +12,7 @@
 //!
 //! Needs `scripts/setup` (Envoy) and `scripts/build-wasm` (the filter).
 
+use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{self, Response};
 use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
@@ -459,6 +460,12 @@ fn classes() -> Vec<Class> {
             Fingerprinted,
         )
         .at("POST", "/v1/responses"),
+        Class::new("a dot-segment path", valid.clone(), Fingerprinted)
+            .at("POST", "/v1/../v1/chat/completions"),
+        (0..60).fold(
+            Class::new("60 extra headers", valid.clone(), Fingerprinted),
+            |class, i| class.header(&format!("x-extra-{i}"), format!("value {i}")),
+        ),
         Class::new("GET on the chat path", vec![], Untouched)
             .at("GET", CHAT)
             .framing(Framing::Headless),
@@ -471,12 +478,14 @@ fn classes() -> Vec<Class> {
     ]
 }
 
-/// Envoy (header routes plus trap routes) with its upstreams.
+/// Envoy with its upstreams: header routes plus trap routes (affinity mode), or
+/// `istio/envoy/assign.yaml` with a real batcher (assign mode).
 struct Stack {
     envoy: Envoy,
-    dedicated: Upstream,
-    general: [Upstream; 2],
-    trap: Upstream,
+    /// Every upstream a request may reach, the trap included.
+    upstreams: Vec<Upstream>,
+    /// Assign mode's batcher.
+    batcher: Option<Batcher>,
 }
 
 impl Stack {
@@ -484,14 +493,16 @@ impl Stack {
     /// first route per name in `trapped` that sends a request whose header still holds a
     /// spoofed value to the `trap` cluster. Envoy logs at `info`, its default level.
     fn start(plugin: &str, trapped: &[&str]) -> Stack {
-        let dedicated = Upstream::start("dedicated");
-        let general = [Upstream::start("general-0"), Upstream::start("general-1")];
-        let trap = Upstream::start("trap");
+        let upstreams: Vec<Upstream> = ["dedicated", "general-0", "general-1", "trap"]
+            .into_iter()
+            .map(Upstream::start)
+            .collect();
+        let port = |i: usize| upstreams[i].port;
         let mut config = config::load("header-routes");
         let (admin, listen) = (free_port(), free_port());
         set_ports(&mut config, admin, listen);
-        set_endpoints(&mut config, "dedicated", &[dedicated.port]);
-        set_endpoints(&mut config, "general", &[general[0].port, general[1].port]);
+        set_endpoints(&mut config, "dedicated", &[port(0)]);
+        set_endpoints(&mut config, "general", &[port(1), port(2)]);
         set_filter(&mut config, plugin);
         let app = chat_with(Some(DEDICATED_APP), "hello");
         let request = cohort_fingerprint::Request::new(&app);
@@ -505,23 +516,67 @@ impl Stack {
         );
         let mut trapped = trapped.to_vec();
         trapped.push(TRAP_CONTROL);
-        add_trap(&mut config, &trapped, trap.port);
+        add_trap(&mut config, &trapped, port(3));
         let envoy = Envoy::start_logging(&config, admin, listen, "info");
         Stack {
             envoy,
-            dedicated,
-            general,
-            trap,
+            upstreams,
+            batcher: None,
         }
     }
 
-    fn upstreams(&self) -> [&Upstream; 4] {
-        [
-            &self.dedicated,
-            &self.general[0],
-            &self.general[1],
-            &self.trap,
-        ]
+    /// `assign.yaml` with one real batcher (`cohort serve`, default log level) and three
+    /// replicas; Envoy logs at `info`.
+    fn start_assign() -> Stack {
+        let names = ["replica-0", "replica-1", "replica-2"];
+        let upstreams: Vec<Upstream> = names.into_iter().map(Upstream::start).collect();
+        let batcher = Batcher::start(BatcherSpec {
+            grpc_port: free_port(),
+            http_port: free_port(),
+            replicas: names.map(String::from).to_vec(),
+            shard_index: 0,
+            shard_count: 1,
+            front_port: None,
+            extra_args: Vec::new(),
+        });
+        let mut config = config::load("assign");
+        let (admin, listen) = (free_port(), free_port());
+        set_ports(&mut config, admin, listen);
+        for upstream in &upstreams {
+            set_endpoints(&mut config, &upstream.name, &[upstream.port]);
+        }
+        let ports: Vec<u16> = upstreams.iter().map(|u| u.port).collect();
+        set_endpoints(&mut config, "all-replicas", &ports);
+        set_endpoints(&mut config, "cohort-batcher-0", &[batcher.spec.grpc_port]);
+        // A deadline generous for a loaded machine: the test is about bad input, not speed.
+        set_filter(
+            &mut config,
+            r#"{"mode": "assign", "assign_deadline_ms": 500, "batcher_clusters": ["cohort-batcher-0"]}"#,
+        );
+        let envoy = Envoy::start_logging(&config, admin, listen, "info");
+        Stack {
+            envoy,
+            upstreams,
+            batcher: Some(batcher),
+        }
+    }
+
+    fn trap(&self) -> &Upstream {
+        self.upstreams
+            .iter()
+            .find(|u| u.name == "trap")
+            .expect("a trap upstream")
+    }
+
+    /// The name prefix of the upstreams `class` may reach.
+    fn expected_upstream(&self, class: &Class) -> &'static str {
+        if self.batcher.is_some() {
+            "replica-"
+        } else if class.dedicated {
+            "dedicated"
+        } else {
+            "general-"
+        }
     }
 
     /// Every `cohort_*` counter in Envoy's admin stats.
@@ -710,7 +765,7 @@ fn check(
     }
     let tag = id.to_string();
     let mut got: Vec<(String, Received)> = stack
-        .upstreams()
+        .upstreams
         .iter()
         .flat_map(|u| {
             u.received()
@@ -724,15 +779,9 @@ fn check(
         return Err(format!("received {} times, by {names:?}", got.len()));
     }
     let (upstream, received) = got.pop().unwrap();
-    let cluster = if class.dedicated {
-        "dedicated"
-    } else {
-        "general"
-    };
-    if !upstream.starts_with(cluster) {
-        return Err(format!(
-            "reached {upstream}, expected the {cluster} cluster"
-        ));
+    let expected = stack.expected_upstream(class);
+    if !upstream.starts_with(expected) {
+        return Err(format!("reached {upstream}, expected {expected}*"));
     }
     if received.body != class.body {
         return Err(format!(
@@ -760,7 +809,7 @@ fn check(
                 ));
             }
             if received.header("x-cohort-fp-version") != Some("2")
-                || !summary.is_some_and(|s| s.contains("mode=affinity; cluster="))
+                || !summary.is_some_and(|s| s.contains("; cluster="))
             {
                 return Err(format!("response x-cohort {summary:?}"));
             }
@@ -779,19 +828,30 @@ fn check(
         }
     }
     let want = expected_counters(class.outcome, &class.invalid_knobs, spoofed);
-    let moved: BTreeMap<String, i64> = after
+    let mut moved: BTreeMap<String, i64> = after
         .iter()
         .filter(|(name, _)| name.ends_with("_total"))
         .map(|(name, value)| (name.clone(), value - before.get(name).copied().unwrap_or(0)))
         .filter(|(_, delta)| *delta != 0)
         .collect();
-    if moved != want {
-        return Err(format!("counters moved {moved:?}, expected {want:?}"));
+    // Observations are sent on a timer: not this request's to count.
+    moved.retain(|name, _| !name.starts_with("cohort_observe_"));
+    // Assign mode: one Assign outcome (answered, timed out or failed) per fingerprinted request.
+    let assigned: i64 = ["ok", "timeout", "error"]
+        .iter()
+        .filter_map(|o| moved.remove(&format!("cohort_assign_{o}_total")))
+        .sum();
+    let assigns = i64::from(stack.batcher.is_some() && class.outcome == Outcome::Fingerprinted);
+    if moved != want || assigned != assigns {
+        return Err(format!(
+            "counters moved {moved:?} and {assigned} Assign outcomes, expected {want:?} and {assigns}"
+        ));
     }
     Ok(received)
 }
 
-/// Envoy's log at `info` must hold no prompt text and no panic, and be a real log.
+/// Envoy's log at `info` must hold no prompt text and no panic, and be a real log; so
+/// must the batcher's at its default level, if there is one.
 fn check_log(stack: &Stack) {
     let log = stack.envoy.log();
     assert!(
@@ -800,11 +860,18 @@ fn check_log(stack: &Stack) {
     );
     assert!(!log.contains(CANARY), "prompt text in Envoy's log:\n{log}");
     assert!(!log.contains("panicked"), "the filter panicked:\n{log}");
+    if let Some(batcher) = &stack.batcher {
+        let log = batcher.log();
+        assert!(log.contains("INFO"), "the batcher's log is empty:\n{log}");
+        assert!(
+            !log.contains(CANARY),
+            "prompt text in the batcher's log:\n{log}"
+        );
+    }
 }
 
-#[test]
-fn bad_inputs_over_http1_and_http2_reach_the_upstream_unchanged() {
-    let stack = Stack::start("{}", &RESERVED);
+/// Every class over both protocols; panics listing every failure.
+fn send_every_class(stack: &Stack) {
     let classes = classes();
     let mut failures = Vec::new();
     let mut requests = 0;
@@ -829,8 +896,23 @@ fn bad_inputs_over_http1_and_http2_reach_the_upstream_unchanged() {
     );
     assert!(classes.len() >= 35);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(stack.trap.count(), 0);
-    check_log(&stack);
+    check_log(stack);
+}
+
+#[test]
+fn bad_inputs_over_http1_and_http2_reach_the_upstream_unchanged() {
+    let stack = Stack::start("{}", &RESERVED);
+    send_every_class(&stack);
+    assert_eq!(stack.trap().count(), 0);
+}
+
+#[test]
+fn bad_inputs_in_assign_mode_with_a_real_batcher() {
+    let stack = Stack::start_assign();
+    send_every_class(&stack);
+    let assigned = stack.envoy.stat("wasmcustom.cohort_assign_ok_total");
+    println!("assign mode: {assigned} requests placed by the batcher");
+    assert!(assigned > 0, "the batcher answered no Assign call");
 }
 
 /// Sends every spoofable header, once and twice, on four kinds of request over both
@@ -924,7 +1006,7 @@ fn spoof_everything(stack: &Stack, spoofable: &[&str]) -> usize {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(stack.trap.count(), 1, "a spoofed header chose the route");
+    assert_eq!(stack.trap().count(), 1, "a spoofed header chose the route");
     requests
 }
 
