@@ -879,7 +879,7 @@ fn send_every_class(stack: &Stack) {
         for proto in [Proto::Http1, Proto::Http2] {
             requests += 1;
             if let Err(why) = check(
-                &stack,
+                stack,
                 class,
                 proto,
                 i * 2 + (proto == Proto::Http2) as usize,
