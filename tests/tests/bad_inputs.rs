@@ -9,6 +9,13 @@
 //! `x-cohort-bypass` is the expected reason (or absent), the response's `x-cohort` says the
 //! same, and exactly the expected `cohort_*` counters moved in Envoy's admin stats. At the
 //! end Envoy's log holds no prompt text (a canary string in every prompt) and no panic.
+//! The same table runs in assign mode (`istio/envoy/assign.yaml`, a real `cohort serve`
+//! answering Assign over gRPC), where the batcher's log is read for prompt text too.
+//!
+//! Spoofing: every reserved header and the tenant header, once and duplicated, over both
+//! protocols, on fingerprinted, bypassed and non-API requests: no upstream sees a client's
+//! value, the fingerprinted request keeps its honest key, and no trap route is taken (a
+//! control header the filter leaves alone proves the trap routes work).
 //!
 //! Needs `scripts/setup` (Envoy) and `scripts/build-wasm` (the filter).
 
