@@ -427,6 +427,10 @@ fn classes() -> Vec<Class> {
             .header("x-cohort-batch-threshold", "NaN")
             .header("x-cohort-cache-ttl", "NaN")
             .knobs(&["batch_threshold", "cache_ttl"]),
+        Class::new("empty knob values", valid.clone(), Fingerprinted)
+            .header("x-cohort-prefetch", "")
+            .header("x-cohort-cache-ttl", "")
+            .knobs(&["prefetch", "cache_ttl"]),
         Class::new("huge knob values", valid.clone(), Fingerprinted)
             .header("x-cohort-cache-ttl", "99999999999999999999999999")
             .header("x-cohort-batch-threshold", "1e308")
@@ -922,6 +926,20 @@ fn bad_inputs_in_assign_mode_with_a_real_batcher() {
     assert!(assigned > 0, "the batcher answered no Assign call");
 }
 
+/// `x-cohort-key` → `X-Cohort-Key`.
+fn mixed_case(name: &str) -> String {
+    name.split('-')
+        .map(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
+                .unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
 /// Sends every spoofable header, once and twice, on four kinds of request over both
 /// protocols; none may reach an upstream or change the route.
 fn spoof_everything(stack: &Stack, spoofable: &[&str]) -> usize {
@@ -970,8 +988,10 @@ fn spoof_everything(stack: &Stack, spoofable: &[&str]) -> usize {
     }
     let mut failures = Vec::new();
     let mut requests = 0;
-    let mut sets: Vec<Vec<&str>> = spoofable.iter().map(|h| vec![*h]).collect();
-    sets.push(spoofable.to_vec());
+    // Each header alone, all together, and all together in mixed case (`X-Cohort-Key`).
+    let mut sets: Vec<Vec<String>> = spoofable.iter().map(|h| vec![h.to_string()]).collect();
+    sets.push(spoofable.iter().map(|h| h.to_string()).collect());
+    sets.push(spoofable.iter().map(|h| mixed_case(h)).collect());
     for set in &sets {
         for copies in [1, 2] {
             for kind in &kinds {
