@@ -91,7 +91,10 @@ pub fn measure(
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_default()).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
     });
     let wall = started.elapsed().as_secs_f64();
     let mut all: Vec<f64> = lat.into_iter().flatten().collect();

@@ -9,14 +9,14 @@
 
 use crate::backend::{Backend, DeviceError, RawHit, SlotWrite};
 use crate::layout::{
-    pack_queries, padded_slots, plan_scan, ScanPlan, DEVICE_BYTES_PER_ENTRY, NO_SLOT, ROWS,
-    WARPS, WORDS,
+    pack_queries, padded_slots, plan_scan, ScanPlan, DEVICE_BYTES_PER_ENTRY, NO_SLOT, ROWS, WARPS,
+    WORDS,
 };
 use crate::store::GpuStore;
 use cohort_batcher_core::store::{CpuStoreConfig, SketchBytes};
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, DriverError,
-    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use std::sync::Arc;
@@ -103,7 +103,9 @@ fn grow<T: DeviceRepr + ValidAsZeroBits>(
     len: usize,
 ) -> Result<(), DeviceError> {
     if buf.len() < len {
-        *buf = stream.alloc_zeros::<T>(len.next_power_of_two()).map_err(driver)?;
+        *buf = stream
+            .alloc_zeros::<T>(len.next_power_of_two())
+            .map_err(driver)?;
     }
     Ok(())
 }
@@ -119,7 +121,11 @@ impl CudaDevice {
                 "device {ordinal} has compute capability {major}.{minor}; int8 mma.sync needs 8.0"
             )));
         }
-        let arch = if major >= 9 { "compute_90" } else { "compute_80" };
+        let arch = if major >= 9 {
+            "compute_90"
+        } else {
+            "compute_80"
+        };
         let ptx = compile_ptx_with_opts(
             SOURCE,
             CompileOptions {
@@ -131,7 +137,8 @@ impl CudaDevice {
         .map_err(|e| DeviceError::Compile(e.to_string()))?;
         let module = ctx.load_module(ptx).map_err(driver)?;
         let f = |name: &str| module.load_function(name).map_err(driver);
-        let (scatter_fn, scan_fn, merge_fn) = (f("store_scatter")?, f("topk_scan")?, f("topk_merge")?);
+        let (scatter_fn, scan_fn, merge_fn) =
+            (f("store_scatter")?, f("topk_scan")?, f("topk_merge")?);
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver)? as usize;
@@ -206,11 +213,16 @@ impl Backend for CudaDevice {
         grow(st, &mut s.w_keys, n)?;
         grow(st, &mut s.w_tenants, n)?;
         grow(st, &mut s.w_expires, n)?;
-        st.memcpy_htod(&slots, &mut s.w_slots.slice_mut(0..n)).map_err(driver)?;
-        st.memcpy_htod(&words, &mut s.w_words.slice_mut(0..n * WORDS)).map_err(driver)?;
-        st.memcpy_htod(&keys, &mut s.w_keys.slice_mut(0..n)).map_err(driver)?;
-        st.memcpy_htod(&tenants, &mut s.w_tenants.slice_mut(0..n)).map_err(driver)?;
-        st.memcpy_htod(&expires, &mut s.w_expires.slice_mut(0..n)).map_err(driver)?;
+        st.memcpy_htod(&slots, &mut s.w_slots.slice_mut(0..n))
+            .map_err(driver)?;
+        st.memcpy_htod(&words, &mut s.w_words.slice_mut(0..n * WORDS))
+            .map_err(driver)?;
+        st.memcpy_htod(&keys, &mut s.w_keys.slice_mut(0..n))
+            .map_err(driver)?;
+        st.memcpy_htod(&tenants, &mut s.w_tenants.slice_mut(0..n))
+            .map_err(driver)?;
+        st.memcpy_htod(&expires, &mut s.w_expires.slice_mut(0..n))
+            .map_err(driver)?;
         let n32 = u32_of(n)?;
         let mut b = st.launch_builder(&self.scatter_fn);
         b.arg(&s.w_slots)
@@ -255,7 +267,8 @@ impl Backend for CudaDevice {
         grow(st, &mut s.out_s, nq * k)?;
         grow(st, &mut s.out_k, nq * k)?;
         grow(st, &mut s.out_slot, nq * k)?;
-        st.memcpy_htod(&words, &mut s.queries.slice_mut(0..words.len())).map_err(driver)?;
+        st.memcpy_htod(&words, &mut s.queries.slice_mut(0..words.len()))
+            .map_err(driver)?;
         let (nq32, k32, parts32) = (u32_of(nq)?, u32_of(k)?, u32_of(parts)?);
         let mut b = st.launch_builder(&self.scan_fn);
         b.arg(&self.tiles)
@@ -312,9 +325,12 @@ impl Backend for CudaDevice {
         let mut s = vec![0i32; n];
         let mut keys = vec![0u64; n];
         let mut slots = vec![0u32; n];
-        st.memcpy_dtoh(&self.scratch.out_s.slice(0..n), &mut s).map_err(driver)?;
-        st.memcpy_dtoh(&self.scratch.out_k.slice(0..n), &mut keys).map_err(driver)?;
-        st.memcpy_dtoh(&self.scratch.out_slot.slice(0..n), &mut slots).map_err(driver)?;
+        st.memcpy_dtoh(&self.scratch.out_s.slice(0..n), &mut s)
+            .map_err(driver)?;
+        st.memcpy_dtoh(&self.scratch.out_k.slice(0..n), &mut keys)
+            .map_err(driver)?;
+        st.memcpy_dtoh(&self.scratch.out_slot.slice(0..n), &mut slots)
+            .map_err(driver)?;
         st.synchronize().map_err(driver)?;
         Ok((0..nq)
             .map(|q| {

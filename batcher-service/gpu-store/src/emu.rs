@@ -9,8 +9,8 @@
 
 use crate::backend::{Backend, DeviceError, RawHit, SlotWrite};
 use crate::layout::{
-    frag_word, pack_queries, padded_slots, plan_scan, ScanPlan, KMAX, NO_SLOT, ROWS, WARPS,
-    WARP_Q, WORDS,
+    frag_word, pack_queries, padded_slots, plan_scan, ScanPlan, KMAX, NO_SLOT, ROWS, WARPS, WARP_Q,
+    WORDS,
 };
 use cohort_batcher_core::store::SketchBytes;
 
@@ -340,6 +340,9 @@ impl Backend for EmuDevice {
     }
 
     fn describe(&self) -> String {
-        format!("CPU emulation of kernels/store.cu ({} slots)", self.keys.len())
+        format!(
+            "CPU emulation of kernels/store.cu ({} slots)",
+            self.keys.len()
+        )
     }
 }

@@ -105,7 +105,12 @@ mod tests {
 
     #[test]
     fn plans_cover_every_tile() {
-        for (tiles, queries, sms) in [(1, 1, 132), (312_500, 1, 132), (62_500, 4096, 132), (7, 64, 1)] {
+        for (tiles, queries, sms) in [
+            (1, 1, 132),
+            (312_500, 1, 132),
+            (62_500, 4096, 132),
+            (7, 64, 1),
+        ] {
             let p = plan_scan(tiles, queries, sms);
             assert!(p.parts * p.part_tiles >= tiles);
             assert!((p.parts - 1) * p.part_tiles < tiles);

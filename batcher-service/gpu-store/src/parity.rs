@@ -24,7 +24,12 @@ impl Rng {
     }
 
     pub fn sketch(&mut self) -> SketchBytes {
-        let (a, b, c, d) = (self.next_u64(), self.next_u64(), self.next_u64(), self.next_u64());
+        let (a, b, c, d) = (
+            self.next_u64(),
+            self.next_u64(),
+            self.next_u64(),
+            self.next_u64(),
+        );
         let bytes: Vec<u8> = [a, b, c, d].iter().flat_map(|w| w.to_le_bytes()).collect();
         std::array::from_fn(|i| bytes[i] as i8)
     }
@@ -59,16 +64,30 @@ impl Pair {
         self.dut.upsert(key, s, m, now);
     }
 
-    fn check_query(&self, tenant: u32, qs: &[SketchBytes], k: usize, now: u32) -> Result<(), String> {
+    fn check_query(
+        &self,
+        tenant: u32,
+        qs: &[SketchBytes],
+        k: usize,
+        now: u32,
+    ) -> Result<(), String> {
         let want = self.cpu.top_k_batch(tenant, qs, k, now);
         let got = self.dut.top_k_batch(tenant, qs, k, now);
         if got.len() != want.len() {
-            return Err(format!("{}: {} answers for {} queries", self.case, got.len(), qs.len()));
+            return Err(format!(
+                "{}: {} answers for {} queries",
+                self.case,
+                got.len(),
+                qs.len()
+            ));
         }
         for (q, (g, w)) in got.iter().zip(&want).enumerate() {
             if g != w {
                 let show = |h: &Vec<cohort_batcher_core::store::Hit>| {
-                    h.iter().map(|h| (h.key, h.score)).take(20).collect::<Vec<_>>()
+                    h.iter()
+                        .map(|h| (h.key, h.score))
+                        .take(20)
+                        .collect::<Vec<_>>()
                 };
                 return Err(format!(
                     "{}: tenant {tenant} k {k} now {now} query {q} of {}: got {:?}, want {:?}",
@@ -97,7 +116,10 @@ impl Pair {
 }
 
 /// One case: its name and its run.
-pub type Case = (&'static str, fn(&mut dyn FnMut(CpuStoreConfig) -> Box<dyn Store>) -> Result<(), String>);
+pub type Case = (
+    &'static str,
+    fn(&mut dyn FnMut(CpuStoreConfig) -> Box<dyn Store>) -> Result<(), String>,
+);
 
 /// Every case of the suite.
 pub fn cases() -> Vec<Case> {
@@ -115,7 +137,9 @@ pub fn cases() -> Vec<Case> {
 }
 
 /// Run every case; the names of the cases passed, or the first failure.
-pub fn run_all(make: &mut dyn FnMut(CpuStoreConfig) -> Box<dyn Store>) -> Result<Vec<&'static str>, String> {
+pub fn run_all(
+    make: &mut dyn FnMut(CpuStoreConfig) -> Box<dyn Store>,
+) -> Result<Vec<&'static str>, String> {
     let mut passed = Vec::new();
     for (name, case) in cases() {
         case(make)?;
@@ -175,7 +199,11 @@ fn saturated(make: &mut dyn FnMut(CpuStoreConfig) -> Box<dyn Store>) -> Result<(
         let s = if key % 10 == 0 { [-128; 32] } else { s };
         p.upsert(key * 7919, &s, meta(5, u32::MAX, key), 0);
     }
-    let qs = [[-128i8; 32], [127; 32], std::array::from_fn(|i| if i % 2 == 0 { -128 } else { 127 })];
+    let qs = [
+        [-128i8; 32],
+        [127; 32],
+        std::array::from_fn(|i| if i % 2 == 0 { -128 } else { 127 }),
+    ];
     for k in KS {
         p.check_query(5, &qs, k, u32::MAX - 1)?;
     }
@@ -261,7 +289,12 @@ fn churn(make: &mut dyn FnMut(CpuStoreConfig) -> Box<dyn Store>) -> Result<(), S
             }
             _ => {
                 let ttl = 5 + r.below(60) as u32;
-                p.upsert(key, &r.sketch(), meta((key % 2) as u32, now + ttl, key), now);
+                p.upsert(
+                    key,
+                    &r.sketch(),
+                    meta((key % 2) as u32, now + ttl, key),
+                    now,
+                );
             }
         }
         if step % 500 == 499 {
@@ -270,7 +303,7 @@ fn churn(make: &mut dyn FnMut(CpuStoreConfig) -> Box<dyn Store>) -> Result<(), S
             }
             p.check_state()?;
             for k in [1, 8, 16] {
-                p.check_query((step / 500 % 2) as u32, &qs, k, now)?;
+                p.check_query(step / 500 % 2, &qs, k, now)?;
             }
         }
     }
@@ -280,9 +313,17 @@ fn churn(make: &mut dyn FnMut(CpuStoreConfig) -> Box<dyn Store>) -> Result<(), S
         .collect();
     a.sort_by_key(|e| e.0);
     b.sort();
-    let a: Vec<u64> = a.into_iter().filter(|e| e.2.expires_at_s > 0).map(|e| e.0).collect();
+    let a: Vec<u64> = a
+        .into_iter()
+        .filter(|e| e.2.expires_at_s > 0)
+        .map(|e| e.0)
+        .collect();
     if a != b {
-        return Err(format!("churn: held keys differ ({} vs {})", a.len(), b.len()));
+        return Err(format!(
+            "churn: held keys differ ({} vs {})",
+            a.len(),
+            b.len()
+        ));
     }
     p.check_state()
 }
@@ -296,7 +337,15 @@ fn large_batch(make: &mut dyn FnMut(CpuStoreConfig) -> Box<dyn Store>) -> Result
         let s: SketchBytes = std::array::from_fn(|i| c[i].saturating_add((r.below(9) as i8) - 4));
         p.upsert(r.next_u64(), &s, meta(0, 1000, key), 0);
     }
-    let qs: Vec<SketchBytes> = (0..300).map(|i| if i % 3 == 0 { centres[i % 16] } else { r.sketch() }).collect();
+    let qs: Vec<SketchBytes> = (0..300)
+        .map(|i| {
+            if i % 3 == 0 {
+                centres[i % 16]
+            } else {
+                r.sketch()
+            }
+        })
+        .collect();
     for k in [1, 8, 16] {
         p.check_query(0, &qs, k, 0)?;
     }

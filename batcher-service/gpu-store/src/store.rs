@@ -126,7 +126,12 @@ impl<B: Backend> GpuStore<B> {
     }
 
     /// Batched cohort assignment: the nearest entry (k = 1) of each observation.
-    pub fn assign_batch(&self, tenant: u32, sketches: &[SketchBytes], now_s: u32) -> Vec<Option<Hit>> {
+    pub fn assign_batch(
+        &self,
+        tenant: u32,
+        sketches: &[SketchBytes],
+        now_s: u32,
+    ) -> Vec<Option<Hit>> {
         self.top_k_batch(tenant, sketches, 1, now_s)
             .into_iter()
             .map(|hits| hits.into_iter().next())

@@ -30,8 +30,10 @@ fn emulated_kernels_match_the_cpu_store_over_three_devices() {
 
 #[test]
 fn assign_batch_is_the_nearest_entry() {
-    let store = GpuStore::new(CpuStoreConfig::default(), 1, |_, slots| Ok(EmuDevice::new(slots)))
-        .expect("opens");
+    let store = GpuStore::new(CpuStoreConfig::default(), 1, |_, slots| {
+        Ok(EmuDevice::new(slots))
+    })
+    .expect("opens");
     let meta = |cohort| cohort_batcher_core::store::EntryMeta {
         tenant: 3,
         cohort,
@@ -48,8 +50,10 @@ fn assign_batch_is_the_nearest_entry() {
 
 #[test]
 fn device_bytes_per_entry_are_48() {
-    let store = GpuStore::new(CpuStoreConfig::default(), 1, |_, slots| Ok(EmuDevice::new(slots)))
-        .expect("opens");
+    let store = GpuStore::new(CpuStoreConfig::default(), 1, |_, slots| {
+        Ok(EmuDevice::new(slots))
+    })
+    .expect("opens");
     let (entries, _) = store.device_bytes();
     assert_eq!(entries, 48 * (1 << 20));
 }

@@ -38,12 +38,23 @@ struct Entry {
     meta: EntryMeta,
 }
 
-fn run(bin: &PathBuf, entries: &[Entry], slots: usize, queries: &[SketchBytes], k: usize, tenant: u32, now: u32) {
+fn run(
+    bin: &PathBuf,
+    entries: &[Entry],
+    slots: usize,
+    queries: &[SketchBytes],
+    k: usize,
+    tenant: u32,
+    now: u32,
+) {
     let plan = plan_scan(slots / ROWS, queries.len(), 1);
     assert!(plan.parts > 1, "the case should cover several parts");
     let mut input = format!("{slots} {}\n", entries.len());
     for e in entries {
-        input += &format!("{} {} {} {}", e.slot, e.key, e.meta.tenant, e.meta.expires_at_s);
+        input += &format!(
+            "{} {} {} {}",
+            e.slot, e.key, e.meta.tenant, e.meta.expires_at_s
+        );
         for w in pack_words(&e.sketch) {
             input += &format!(" {w}");
         }
@@ -94,7 +105,13 @@ fn run(bin: &PathBuf, entries: &[Entry], slots: usize, queries: &[SketchBytes], 
             .collect();
         let n = nums[0] as usize;
         let got: Vec<(i32, u64, u32)> = (0..n)
-            .map(|i| (nums[1 + 3 * i] as i32, nums[2 + 3 * i] as u64, nums[3 + 3 * i] as u32))
+            .map(|i| {
+                (
+                    nums[1 + 3 * i] as i32,
+                    nums[2 + 3 * i] as u64,
+                    nums[3 + 3 * i] as u32,
+                )
+            })
             .collect();
         let want: Vec<(i32, u64, u32)> = want
             .iter()

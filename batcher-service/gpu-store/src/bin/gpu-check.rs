@@ -115,15 +115,23 @@ fn main() {
             println!("gpu-check: flush failed: {e}");
             std::process::exit(1);
         }
-        eprintln!("filled {n} entries in {:.1} s", fill.elapsed().as_secs_f64());
+        eprintln!(
+            "filled {n} entries in {:.1} s",
+            fill.elapsed().as_secs_f64()
+        );
         let queries: Vec<SketchBytes> = (0..16_384).map(|_| work.sketch()).collect();
         if args.cpu {
-            let (g, c) = (gpu.top_k_batch(0, &queries[..512], 8, 1), cpu.top_k_batch(0, &queries[..512], 8, 1));
+            let (g, c) = (
+                gpu.top_k_batch(0, &queries[..512], 8, 1),
+                cpu.top_k_batch(0, &queries[..512], 8, 1),
+            );
             if g != c {
                 println!("parity: FAIL at {n} entries: top-8 of 512 clustered queries differ from the CPU store");
                 std::process::exit(1);
             }
-            println!("parity at {n} entries: PASS (512 queries, top-8, same ids, scores and order)");
+            println!(
+                "parity at {n} entries: PASS (512 queries, top-8, same ids, scores and order)"
+            );
         }
         let (entry_bytes, _) = gpu.device_bytes();
         let per_entry = entry_bytes as f64 / gpu.stats().entries.max(1) as f64;
@@ -159,5 +167,8 @@ fn main() {
         cohort_gpu_store::bench::H200_INT8_PEAK_OPS / 1e12,
         peak_qps(5_000_000) / 1e6
     );
-    println!("gpu-check: done in {:.0} s", started.elapsed().as_secs_f64());
+    println!(
+        "gpu-check: done in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
 }
