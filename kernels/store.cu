@@ -23,6 +23,7 @@
 // Keep the three in step.
 
 #define INT_MIN_ (-2147483647 - 1)
+#define INT_MAX_ 2147483647
 
 #define ROWS 16            // entries a tile (M of the mma)
 #define WARP_Q 32          // queries a warp holds (4 mma N-tiles of 8)
@@ -136,6 +137,12 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
         b[j][0] = queries[(qb + 8 * j + g) * 8 + t];
         b[j][1] = queries[(qb + 8 * j + g) * 8 + 4 + t];
     }
+    // The floors (k-th best score) of this lane's 8 accumulator columns, kept in registers:
+    // the lists change only in a drain, after which they are re-read. Padding queries get
+    // INT_MAX so that they never ask for the slow path.
+    i32 fl[4][2];
+    for (u32 j = 0; j < 4; ++j)
+        for (u32 h = 0; h < 2; ++h) fl[j][h] = (qb + 8 * j + 2 * t + h < nq) ? INT_MIN_ : INT_MAX_;
     __syncwarp();
 
     const u32 t0 = part * part_tiles;
@@ -151,6 +158,12 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
             if (qb + 8 * j >= nq) break;  // whole warp
             i32 c[4] = {0, 0, 0, 0};
             mma_s8(c, a, b[j][0], b[j][1]);
+            // Fast path: no live score reaches its floor in the whole warp (the common case
+            // once the lists are full).
+            bool maybe = false;
+            for (u32 r = 0; r < 4; ++r)
+                maybe |= ((r < 2) ? live0 : live1) && c[r] >= fl[j][r & 1];
+            if (!__any_sync(FULL, maybe)) continue;
             for (u32 r = 0; r < 4; ++r) {
                 const u32 q = 8 * j + 2 * t + (r & 1);
                 const u32 e = (r < 2) ? e0 : e1;
@@ -175,6 +188,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
                 }
                 __syncwarp();
                 if (lane == 0) qn[warp] = 0;
+                for (u32 jj = 0; jj < 4; ++jj)
+                    for (u32 h = 0; h < 2; ++h)
+                        if (qb + 8 * jj + 2 * t + h < nq) fl[jj][h] = ls[warp][k - 1][8 * jj + 2 * t + h];
             }
             __syncwarp();
         }

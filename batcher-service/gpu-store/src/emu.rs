@@ -163,6 +163,18 @@ impl EmuDevice {
                             [queries[q * WORDS + t], queries[q * WORDS + 4 + t]]
                         })
                     });
+                    // Per lane, the floors of its 8 accumulator columns (registers).
+                    let mut fl: [[[i32; 2]; 4]; 32] = std::array::from_fn(|lane| {
+                        std::array::from_fn(|j| {
+                            std::array::from_fn(|h| {
+                                if qb + 8 * j + 2 * (lane & 3) + h < nq {
+                                    i32::MIN
+                                } else {
+                                    i32::MAX
+                                }
+                            })
+                        })
+                    });
                     let t0 = part * plan.part_tiles;
                     let t1 = (t0 + plan.part_tiles).min(self.n_tiles());
                     for tile in t0..t1 {
@@ -188,6 +200,16 @@ impl EmuDevice {
                                 break;
                             }
                             let c = mma_s8(&a, bj);
+                            let maybe = (0..32).any(|lane| {
+                                let e0 = tile * ROWS + (lane >> 2);
+                                (0..4).any(|r| {
+                                    let e = if r < 2 { e0 } else { e0 + 8 };
+                                    live(e) && c[lane][r] >= fl[lane][j][r & 1]
+                                })
+                            });
+                            if !maybe {
+                                continue;
+                            }
                             for (lane, cl) in c.iter().enumerate() {
                                 let (g, t) = (lane >> 2, lane & 3);
                                 let e0 = tile * ROWS + g;
@@ -215,7 +237,19 @@ impl EmuDevice {
                                     lists.insert(lane, k, s, self.keys[e], e as u32);
                                 }
                             }
-                            queue.clear();
+                            if !queue.is_empty() {
+                                queue.clear();
+                                for (lane, fl) in fl.iter_mut().enumerate() {
+                                    for (jj, f) in fl.iter_mut().enumerate() {
+                                        for (h, f) in f.iter_mut().enumerate() {
+                                            let q = 8 * jj + 2 * (lane & 3) + h;
+                                            if qb + q < nq {
+                                                *f = lists.s[k - 1][q];
+                                            }
+                                        }
+                                    }
+                                }
+                            }
                         }
                     }
                     for lane in 0..32 {
