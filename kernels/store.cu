@@ -37,6 +37,12 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef int i32;
 
+// One lane's A fragment of a tile (16 bytes, one load). Not CUDA's uint4, so the file
+// needs no header under NVRTC or g++.
+struct alignas(16) Frag {
+    u32 x, y, z, w;
+};
+
 // Score-descending, key-ascending order: true when (s, key) comes before (s2, key2).
 __device__ __forceinline__ bool better(i32 s, u64 key, i32 s2, u64 key2) {
     return s > s2 || (s == s2 && key < key2);
@@ -50,7 +56,7 @@ __device__ __forceinline__ u32 frag_word(u32 row, u32 word) {
 }
 
 // c += A (16 x 32, s8, this lane's fragment a) x B (32 x 8, s8, fragment b0 b1), s32.
-__device__ __forceinline__ void mma_s8(i32 c[4], uint4 a, u32 b0, u32 b1) {
+__device__ __forceinline__ void mma_s8(i32 c[4], Frag a, u32 b0, u32 b1) {
 #ifdef COHORT_WARP_SIM
     sim_mma_s8(c, a, b0, b1);
 #else
@@ -104,7 +110,7 @@ __device__ __forceinline__ void list_insert(i32 (*ls)[32], u64 (*lk)[32], u32 (*
 // Output: for query q and part p, k (score, key, slot) at ((q * parts) + p) * k, best first,
 // slot NO_SLOT where the part had fewer live entries of the tenant.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-    topk_scan(const uint4* __restrict__ tiles, const u64* __restrict__ keys,
+    topk_scan(const Frag* __restrict__ tiles, const u64* __restrict__ keys,
               const u32* __restrict__ tenants, const u32* __restrict__ expires, u32 n_tiles,
               u32 part_tiles, const u32* __restrict__ queries, u32 nq, u32 tenant, u32 now,
               u32 k, i32* __restrict__ out_s, u64* __restrict__ out_k,
@@ -146,14 +152,14 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
     __syncwarp();
 
     const u32 t0 = part * part_tiles;
-    const u32 t1 = min(t0 + part_tiles, n_tiles);
+    const u32 t1 = (t0 + part_tiles < n_tiles) ? t0 + part_tiles : n_tiles;
     for (u32 tile = t0; tile < t1; ++tile) {
         const u32 e0 = tile * ROWS + g;
         const u32 e1 = e0 + 8;
         const bool live0 = tenants[e0] == tenant && now < expires[e0];
         const bool live1 = tenants[e1] == tenant && now < expires[e1];
         if (!__any_sync(FULL, live0 || live1)) continue;
-        const uint4 a = tiles[tile * 32 + lane];
+        const Frag a = tiles[tile * 32 + lane];
         for (u32 j = 0; j < 4; ++j) {
             if (qb + 8 * j >= nq) break;  // whole warp
             i32 c[4] = {0, 0, 0, 0};

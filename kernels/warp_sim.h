@@ -26,9 +26,6 @@
 // Blocks run one at a time, so a function-static array is the block's shared memory.
 #define __shared__ static
 
-struct uint4 {
-    unsigned x, y, z, w;
-};
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
@@ -116,7 +113,6 @@ static inline T __shfl_up_sync(unsigned, T v, unsigned d) {
 
 static inline int __ffs(int x) { return __builtin_ffs(x); }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
-static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 static inline unsigned atomicAdd(unsigned* p, unsigned v) {
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
@@ -129,7 +125,8 @@ static inline int sim_dot4(unsigned a, unsigned b) {
 }
 
 // mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 as the PTX ISA lays out its fragments.
-static inline void sim_mma_s8(int c[4], uint4 a, unsigned b0, unsigned b1) {
+template <class F>
+static inline void sim_mma_s8(int c[4], F a, unsigned b0, unsigned b1) {
     Warp* w = cur_warp;
     unsigned lane = sim_lane();
     w->a[lane][0] = a.x;

@@ -18,8 +18,8 @@ use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchConfig,
     PushKernelArg, ValidAsZeroBits,
 };
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use std::sync::Arc;
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use std::sync::{Arc, Mutex};
 
 /// The kernels' source, embedded at build time.
 pub const SOURCE: &str = include_str!("../../../kernels/store.cu");
@@ -60,6 +60,26 @@ fn catch<T>(f: impl FnOnce() -> Result<T, DeviceError>) -> Result<T, DeviceError
 pub fn open(config: CpuStoreConfig) -> Result<GpuStore<CudaDevice>, DeviceError> {
     let devices = probe()?;
     catch(|| GpuStore::new(config, devices, CudaDevice::open))
+}
+
+/// `kernels/store.cu` compiled for `arch`, once a process (stores opened later reuse it).
+fn compiled(arch: &'static str) -> Result<Ptx, DeviceError> {
+    static CACHE: Mutex<Vec<(&'static str, Ptx)>> = Mutex::new(Vec::new());
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, ptx)) = cache.iter().find(|(a, _)| *a == arch) {
+        return Ok(ptx.clone());
+    }
+    let ptx = compile_ptx_with_opts(
+        SOURCE,
+        CompileOptions {
+            arch: Some(arch),
+            name: Some("store.cu".to_owned()),
+            ..CompileOptions::default()
+        },
+    )
+    .map_err(|e| DeviceError::Compile(e.to_string()))?;
+    cache.push((arch, ptx.clone()));
+    Ok(ptx)
 }
 
 /// Scratch buffers of launches, grown on demand.
@@ -126,16 +146,7 @@ impl CudaDevice {
         } else {
             "compute_80"
         };
-        let ptx = compile_ptx_with_opts(
-            SOURCE,
-            CompileOptions {
-                arch: Some(arch),
-                name: Some("store.cu".to_owned()),
-                ..CompileOptions::default()
-            },
-        )
-        .map_err(|e| DeviceError::Compile(e.to_string()))?;
-        let module = ctx.load_module(ptx).map_err(driver)?;
+        let module = ctx.load_module(compiled(arch)?).map_err(driver)?;
         let f = |name: &str| module.load_function(name).map_err(driver);
         let (scatter_fn, scan_fn, merge_fn) =
             (f("store_scatter")?, f("topk_scan")?, f("topk_merge")?);

@@ -61,11 +61,12 @@ pub struct ScanPlan {
     pub query_blocks: usize,
 }
 
-/// Enough blocks to fill `sms` multiprocessors about four times over, parts of at least 64
-/// tiles (1,024 entries) so that a part's list set-up and output stay small.
+/// Enough blocks to give every multiprocessor about 16 (small batches are latency bound:
+/// a warp walks its part tile after tile, so more, shorter parts answer sooner), parts of at
+/// least 64 tiles (1,024 entries) so that a part's list set-up and output stay small.
 pub fn plan_scan(n_tiles: usize, queries: usize, sms: usize) -> ScanPlan {
     let query_blocks = queries.div_ceil(WARP_Q * WARPS).max(1);
-    let want_parts = (4 * sms.max(1)).div_ceil(query_blocks).max(1);
+    let want_parts = (16 * sms.max(1)).div_ceil(query_blocks).max(1);
     let max_parts = n_tiles.div_ceil(64).max(1);
     let parts = want_parts.min(max_parts);
     let part_tiles = n_tiles.div_ceil(parts).max(1);

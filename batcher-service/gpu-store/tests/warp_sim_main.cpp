@@ -33,7 +33,7 @@ int main() {
     std::vector<u64> pk(nq * parts * k);
     std::vector<u32> pslot(nq * parts * k);
     sim_launch(dim3{parts, qblocks, 1}, dim3{WARPS * 32, 1, 1}, [&] {
-        topk_scan(reinterpret_cast<const uint4*>(tiles.data()), keys.data(), tenants.data(),
+        topk_scan(reinterpret_cast<const Frag*>(tiles.data()), keys.data(), tenants.data(),
                   expires.data(), slots / ROWS, part_tiles, q.data(), nq, tenant, now, k,
                   ps.data(), pk.data(), pslot.data());
     });
