@@ -75,7 +75,10 @@ mod tests {
         let v = clock_victim(&mut hand, 3, |_| false, |s| std::mem::take(&mut refs[s]));
         assert_eq!(v, Victim::Evicted(1));
         assert_eq!(refs, [false, false, true]);
-        assert_eq!(hand, 1, "the hand stops on the victim; the caller moves it past");
+        assert_eq!(
+            hand, 1,
+            "the hand stops on the victim; the caller moves it past"
+        );
         hand = 2;
         let v = clock_victim(&mut hand, 3, |s| s == 2, |_| false);
         assert_eq!(v, Victim::Expired(2));
