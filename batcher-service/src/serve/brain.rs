@@ -18,6 +18,7 @@ use cohort_batcher_core::policy::{Policy, PolicyConfig, RouteRequest};
 use cohort_batcher_core::store::cpu::{Capacity, CpuStoreConfig};
 use cohort_batcher_core::store::{CpuStore, EntryMeta, SketchBytes, Store};
 use cohort_fingerprint::sketch::SKETCH_VERSION;
+use cohort_gpu_store::{open_store, StoreKind};
 use cohort_proto as pb;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -56,7 +57,8 @@ pub struct Brain {
     shard_count: u32,
     policy: Mutex<Policy>,
     cohorts: Mutex<Cohorts<CpuStore>>,
-    store: CpuStore,
+    /// The fingerprint store: `CpuStore`, or `GpuStore` with `--store gpu` (feature `cuda`).
+    store: Box<dyn Store>,
     counters: Counters,
     assign_seconds: Histogram,
     /// Observed requests per (cohort, source), for the inspector's batch pivot. The source
@@ -76,6 +78,27 @@ fn sketch_of(fp: &pb::Fingerprint) -> Option<SketchBytes> {
     let bytes: &[u8; 32] = fp.sketch.as_slice().try_into().ok()?;
     let sketch = bytes.map(|b| b as i8);
     (sketch != [0; 32]).then_some(sketch)
+}
+
+/// The store `store.backend` asks for; `gpu` that cannot open falls back to the CPU store
+/// with one warning.
+fn open_fingerprint_store(config: &ServeConfig) -> Box<dyn Store> {
+    let kind = config.store_kind().unwrap_or(StoreKind::Cpu);
+    let opened = open_store(
+        kind,
+        CpuStoreConfig {
+            capacity: Capacity::Entries(config.store.max_entries),
+            shards: config.store.shards,
+        },
+    );
+    match &opened.fallback {
+        Some(why) => tracing::warn!("store gpu unavailable ({why}): using the CPU store"),
+        None if kind == StoreKind::Gpu => {
+            tracing::info!("fingerprint store on {}", opened.description)
+        }
+        None => {}
+    }
+    opened.store
 }
 
 impl Brain {
@@ -104,10 +127,7 @@ impl Brain {
                 }),
                 config.store.cohort_idle_s,
             )),
-            store: CpuStore::new(CpuStoreConfig {
-                capacity: Capacity::Entries(config.store.max_entries),
-                shards: config.store.shards,
-            }),
+            store: open_fingerprint_store(config),
             counters: Counters::default(),
             assign_seconds: Histogram::decision_seconds(),
             pivot: Mutex::new(std::collections::HashMap::new()),
@@ -508,6 +528,23 @@ mod tests {
 
     fn sketch(seed: i8) -> [i8; 32] {
         std::array::from_fn(|i| if (i as i8 + seed) % 3 == 0 { 90 } else { -40 })
+    }
+
+    #[test]
+    fn store_gpu_serves_with_whichever_store_opened() {
+        // Without the `cuda` feature or a GPU this is the CPU store after one warning; on a
+        // GPU machine built with `--features cuda` it is the GPU store. Either way it holds
+        // the observed fingerprints.
+        let mut config = ServeConfig {
+            replicas: vec![Replica::named("r0")],
+            ..ServeConfig::default()
+        };
+        config.store.backend = "gpu".into();
+        config.store.max_entries = 1000;
+        let brain = Brain::new(&config);
+        observe(&brain, vec![7], sketch(1), "a", "r0");
+        observe(&brain, vec![8], sketch(2), "a", "r0");
+        assert_eq!(brain.status(1_000).store_entries, 2);
     }
 
     #[test]

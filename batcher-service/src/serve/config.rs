@@ -34,12 +34,15 @@
 //!
 //! [store]
 //! max_entries = 1000000
+//! backend = "cpu"                 # cpu | gpu (falls back to cpu, with one warning, when
+//!                                 # built without the `cuda` feature or no GPU is usable)
 //! ```
 //!
 //! Replicas are static for now. A Kubernetes source would fill the same `Vec<Replica>`
 //! from the Endpoints (EndpointSlices) of a Service and update the policy when they change;
 //! the policy already keys everything by replica index, so only a resize hook is missing.
 
+use cohort_gpu_store::StoreKind;
 use cohort_proto::is_plain_name;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -214,6 +217,8 @@ pub struct StoreSection {
     pub shards: usize,
     /// Cohorts idle this long expire.
     pub cohort_idle_s: u32,
+    /// Where the fingerprints live: `cpu` or `gpu` (see docs/GPU-STORE.md).
+    pub backend: String,
 }
 
 impl Default for StoreSection {
@@ -222,6 +227,7 @@ impl Default for StoreSection {
             max_entries: 1_000_000,
             shards: 16,
             cohort_idle_s: 900,
+            backend: "cpu".to_owned(),
         }
     }
 }
@@ -306,6 +312,10 @@ pub struct ServeArgs {
     /// Balance bound (see the policy).
     #[arg(long, env = "COHORT_BALANCE")]
     pub balance: Option<f64>,
+    /// Fingerprint store: `cpu` or `gpu` (gpu falls back to cpu with one warning when the
+    /// binary lacks the `cuda` feature or no GPU is usable).
+    #[arg(long, env = "COHORT_STORE")]
+    pub store: Option<String>,
 }
 
 /// Why the configuration was refused.
@@ -341,6 +351,8 @@ pub enum ConfigError {
     PrefetchLevel(String),
     #[error("lora {0:?}: name must be 1-64 of [A-Za-z0-9._-] and path non-empty")]
     Lora(String),
+    #[error("store.backend: {0}")]
+    StoreBackend(String),
 }
 
 /// The StatefulSet ordinal at the end of a hostname (`cohort-batcher-2` → 2).
@@ -389,6 +401,9 @@ impl ServeConfig {
         if let Some(balance) = args.balance {
             config.policy.balance = balance;
         }
+        if let Some(store) = &args.store {
+            config.store.backend = store.clone();
+        }
         config.validate()?;
         Ok(config)
     }
@@ -427,6 +442,7 @@ impl ServeConfig {
         if !slack.is_finite() || slack < 0.0 {
             return Err(ConfigError::Slack(slack));
         }
+        self.store_kind()?;
         self.validate_front()
     }
 
@@ -438,6 +454,14 @@ impl ServeConfig {
             let dir = exe.parent()?.parent()?.join("ui");
             dir.is_dir().then_some(dir)
         })
+    }
+
+    /// The fingerprint store asked for.
+    pub fn store_kind(&self) -> Result<StoreKind, ConfigError> {
+        self.store
+            .backend
+            .parse()
+            .map_err(ConfigError::StoreBackend)
     }
 
     /// Whether batch mode's front runs (every replica has a url).
@@ -566,6 +590,19 @@ mod tests {
         assert!(err(args(&["a=http://h:1", "b"])).contains("missing: b"));
         assert!(err(args(&["a=triton+http://h:1"])).contains("unknown engine"));
         assert!(err(args(&["a=ftp://h"])).contains("not http://host:port"));
+        let mut a = args(&["a"]);
+        a.store = Some("tpu".into());
+        assert!(err(a).contains("unknown store `tpu`"));
+    }
+
+    #[test]
+    fn store_flag_picks_the_backend() {
+        let config = ServeConfig::load(&args(&["a"]), None).unwrap();
+        assert_eq!(config.store_kind().unwrap(), StoreKind::Cpu);
+        let mut a = args(&["a"]);
+        a.store = Some("gpu".into());
+        let config = ServeConfig::load(&a, None).unwrap();
+        assert_eq!(config.store_kind().unwrap(), StoreKind::Gpu);
     }
 
     #[test]

@@ -68,7 +68,8 @@
 //! page is read once per batch, which is where batching pays: at batch 1 a scan is bound
 //! by memory bandwidth, at batch 64 by `vpmaddwd`.
 
-use super::index::{mix, SlotIndex};
+use super::clock::{clock_victim, shard_capacities, shard_of, Victim};
+use super::index::SlotIndex;
 use super::kernel::{self, pack_query, QueryPairs, Tile, TILE};
 use super::{EntryMeta, Hit, SketchBytes, Store, StoreStats, TopK};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -109,6 +110,16 @@ pub struct CpuStoreConfig {
     pub capacity: Capacity,
     /// Number of shards (clamped to 1..=1024).
     pub shards: usize,
+}
+
+impl CpuStoreConfig {
+    /// The capacity of each shard (1..=1024 shards, keys placed by [`shard_of`]); another
+    /// store that follows this plan and [`clock_victim`] holds the same entries.
+    pub fn shard_capacities(&self) -> Vec<usize> {
+        let n = self.shards.clamp(1, 1024);
+        let capacity = self.capacity.entries().min(n * (u32::MAX as usize - 1));
+        shard_capacities(capacity, n)
+    }
 }
 
 impl Default for CpuStoreConfig {
@@ -257,28 +268,21 @@ impl Shard {
         self.hand = victim + 1;
     }
 
-    /// The slot to reuse in a full shard (see the module doc); counts the drop.
+    /// The slot to reuse in a full shard (see the module doc and [`clock_victim`]); counts
+    /// the drop.
     fn clock_victim(&mut self, now_s: u32) -> usize {
-        // Two sweeps suffice: the first clears every reference byte it passes.
-        for _ in 0..=2 * self.len {
-            if self.hand >= self.len {
-                self.hand = 0;
-            }
-            let slot = self.hand;
-            if self.expired(slot, now_s) {
-                self.expirations += 1;
-                return slot;
-            }
-            let (page, e) = self.page(slot);
-            if page.refs[e].swap(0, Ordering::Relaxed) != 0 {
-                self.hand += 1;
-                continue;
-            }
-            self.evictions += 1;
-            return slot;
+        let pages = &self.pages;
+        let victim = clock_victim(
+            &mut self.hand,
+            self.len,
+            |slot| now_s >= pages[slot / PAGE].expires[slot % PAGE],
+            |slot| pages[slot / PAGE].refs[slot % PAGE].swap(0, Ordering::Relaxed) != 0,
+        );
+        match victim {
+            Victim::Expired(_) => self.expirations += 1,
+            Victim::Evicted(_) => self.evictions += 1,
         }
-        self.evictions += 1;
-        self.hand.min(self.len.saturating_sub(1))
+        victim.slot()
     }
 
     /// Remove the entry in `slot` (its key already out of the index) by moving the last
@@ -442,10 +446,11 @@ pub struct CpuStore {
 
 impl CpuStore {
     pub fn new(config: CpuStoreConfig) -> CpuStore {
-        let n = config.shards.clamp(1, 1024);
-        let capacity = config.capacity.entries().min(n * (u32::MAX as usize - 1));
-        let shards = (0..n)
-            .map(|i| RwLock::new(Shard::new(capacity / n + usize::from(i < capacity % n))))
+        let caps = config.shard_capacities();
+        let capacity = caps.iter().sum();
+        let shards = caps
+            .into_iter()
+            .map(|cap| RwLock::new(Shard::new(cap)))
             .collect();
         CpuStore { shards, capacity }
     }
@@ -468,8 +473,7 @@ impl CpuStore {
     }
 
     fn shard_of(&self, key: u64) -> &RwLock<Shard> {
-        let i = (mix(key) as u32 as usize) % self.shards.len();
-        &self.shards[i]
+        &self.shards[shard_of(key, self.shards.len())]
     }
 
     fn read(lock: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
@@ -568,6 +572,7 @@ impl Store for CpuStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::index::mix;
     use crate::store::reference_top_k;
 
     fn meta(tenant: u32, expires_at_s: u32) -> EntryMeta {

@@ -18,6 +18,7 @@
 mod index;
 mod kernel;
 
+pub mod clock;
 pub mod cpu;
 
 pub use cpu::{Capacity, CpuStore, CpuStoreConfig};

@@ -1,0 +1,382 @@
+//! The kernels of `kernels/store.cu`, executed on the CPU lane by lane: same layout, same
+//! launch plan, same per-warp lists, candidate queue, thresholds and warp-register merge.
+//!
+//! This is what the parity tests run on machines without a GPU, so the algorithm (fragment
+//! order, tie handling, thresholds, part merge) is checked against the CPU store everywhere;
+//! the CUDA source is checked against the same suite on a GPU (`scripts/gpu-check.sh`) and
+//! compiled with g++ over a warp simulation in `tests/warp_sim.rs`. Keep it in step with
+//! the `.cu` file, statement for statement.
+
+use crate::backend::{Backend, DeviceError, RawHit, SlotWrite};
+use crate::layout::{
+    frag_word, pack_queries, padded_slots, plan_scan, ScanPlan, KMAX, NO_SLOT, ROWS, WARPS, WARP_Q,
+    WORDS,
+};
+use cohort_batcher_core::store::SketchBytes;
+
+/// Multiprocessors the emulation plans its launches for (an H200 has 132).
+pub const EMU_SMS: usize = 132;
+
+/// One emulated device.
+pub struct EmuDevice {
+    tiles: Vec<u32>,
+    keys: Vec<u64>,
+    tenants: Vec<u32>,
+    expires: Vec<u32>,
+    answer: Vec<Vec<RawHit>>,
+}
+
+impl EmuDevice {
+    pub fn new(slots: usize) -> EmuDevice {
+        let slots = padded_slots(slots);
+        EmuDevice {
+            tiles: vec![0; slots * WORDS],
+            keys: vec![0; slots],
+            tenants: vec![0; slots],
+            expires: vec![0; slots],
+            answer: Vec::new(),
+        }
+    }
+}
+
+#[inline]
+fn better(s: i32, key: u64, s2: i32, key2: u64) -> bool {
+    s > s2 || (s == s2 && key < key2)
+}
+
+/// Dot product of two packed words (4 × s8).
+#[inline]
+fn dot4(a: u32, b: u32) -> i32 {
+    a.to_le_bytes()
+        .iter()
+        .zip(b.to_le_bytes())
+        .map(|(&x, y)| i32::from(x as i8) * i32::from(y as i8))
+        .sum()
+}
+
+/// `mma.sync.m16n8k32.row.col.s32.s8.s8.s32` over a warp: `a[lane]` and `b[lane]` are the
+/// lanes' fragments, the result is each lane's four accumulators.
+fn mma_s8(a: &[[u32; 4]; 32], b: &[[u32; 2]; 32]) -> [[i32; 4]; 32] {
+    std::array::from_fn(|lane| {
+        let (g, t) = (lane >> 2, lane & 3);
+        std::array::from_fn(|r| {
+            let row = g + 8 * (r >> 1);
+            let col = 2 * t + (r & 1);
+            (0..WORDS)
+                .map(|w| {
+                    let a_word = a[(row & 7) * 4 + (w & 3)][(row >> 3) + 2 * (w >> 2)];
+                    let b_word = b[col * 4 + (w & 3)][w >> 2];
+                    dot4(a_word, b_word)
+                })
+                .sum()
+        })
+    })
+}
+
+/// One warp's lists: `[place][lane]`, as in shared memory.
+struct Lists {
+    s: [[i32; 32]; KMAX],
+    k: [[u64; 32]; KMAX],
+    slot: [[u32; 32]; KMAX],
+}
+
+impl Lists {
+    fn new() -> Lists {
+        Lists {
+            s: [[i32::MIN; 32]; KMAX],
+            k: [[u64::MAX; 32]; KMAX],
+            slot: [[NO_SLOT; 32]; KMAX],
+        }
+    }
+
+    /// `list_insert` of the kernel.
+    fn insert(&mut self, lane: usize, k: usize, s: i32, key: u64, slot: u32) {
+        if !better(s, key, self.s[k - 1][lane], self.k[k - 1][lane]) {
+            return;
+        }
+        let mut i = k - 1;
+        while i > 0 && better(s, key, self.s[i - 1][lane], self.k[i - 1][lane]) {
+            self.s[i][lane] = self.s[i - 1][lane];
+            self.k[i][lane] = self.k[i - 1][lane];
+            self.slot[i][lane] = self.slot[i - 1][lane];
+            i -= 1;
+        }
+        self.s[i][lane] = s;
+        self.k[i][lane] = key;
+        self.slot[i][lane] = slot;
+    }
+}
+
+/// Per (query, part) lists written by the scan.
+struct Partials {
+    s: Vec<i32>,
+    k: Vec<u64>,
+    slot: Vec<u32>,
+}
+
+impl EmuDevice {
+    fn n_tiles(&self) -> usize {
+        self.keys.len() / ROWS
+    }
+
+    /// `store_scatter`.
+    fn store_scatter(&mut self, writes: &[SlotWrite]) {
+        for w in writes {
+            let slot = w.slot as usize;
+            let base = (slot / ROWS) * (ROWS * WORDS);
+            let row = slot % ROWS;
+            for (i, &word) in w.words.iter().enumerate() {
+                self.tiles[base + frag_word(row, i)] = word;
+            }
+            self.keys[slot] = w.key;
+            self.tenants[slot] = w.tenant;
+            self.expires[slot] = w.expires;
+        }
+    }
+
+    /// `topk_scan`, every block and warp of the grid.
+    #[allow(clippy::too_many_arguments)]
+    fn topk_scan(
+        &self,
+        plan: ScanPlan,
+        queries: &[u32],
+        nq: usize,
+        tenant: u32,
+        now: u32,
+        k: usize,
+        out: &mut Partials,
+    ) {
+        let parts = plan.parts;
+        for by in 0..plan.query_blocks {
+            for part in 0..parts {
+                for warp in 0..WARPS {
+                    let qb = (by * WARPS + warp) * WARP_Q;
+                    if qb >= nq {
+                        continue;
+                    }
+                    let mut lists = Lists::new();
+                    let mut queue: Vec<(usize, i32, usize)> = Vec::with_capacity(ROWS * 8);
+                    let b: [[[u32; 2]; 32]; 4] = std::array::from_fn(|j| {
+                        std::array::from_fn(|lane| {
+                            let (g, t) = (lane >> 2, lane & 3);
+                            let q = qb + 8 * j + g;
+                            [queries[q * WORDS + t], queries[q * WORDS + 4 + t]]
+                        })
+                    });
+                    // Per lane, the floors of its 8 accumulator columns (registers).
+                    let mut fl: [[[i32; 2]; 4]; 32] = std::array::from_fn(|lane| {
+                        std::array::from_fn(|j| {
+                            std::array::from_fn(|h| {
+                                if qb + 8 * j + 2 * (lane & 3) + h < nq {
+                                    i32::MIN
+                                } else {
+                                    i32::MAX
+                                }
+                            })
+                        })
+                    });
+                    let t0 = part * plan.part_tiles;
+                    let t1 = (t0 + plan.part_tiles).min(self.n_tiles());
+                    for tile in t0..t1 {
+                        let live = |e: usize| self.tenants[e] == tenant && now < self.expires[e];
+                        let any = (0..32).any(|lane| {
+                            let e0 = tile * ROWS + (lane >> 2);
+                            live(e0) || live(e0 + 8)
+                        });
+                        if !any {
+                            continue;
+                        }
+                        let a: [[u32; 4]; 32] = std::array::from_fn(|lane| {
+                            let at = (tile * 32 + lane) * 4;
+                            [
+                                self.tiles[at],
+                                self.tiles[at + 1],
+                                self.tiles[at + 2],
+                                self.tiles[at + 3],
+                            ]
+                        });
+                        for (j, bj) in b.iter().enumerate() {
+                            if qb + 8 * j >= nq {
+                                break;
+                            }
+                            let c = mma_s8(&a, bj);
+                            let maybe = (0..32).any(|lane| {
+                                let e0 = tile * ROWS + (lane >> 2);
+                                (0..4).any(|r| {
+                                    let e = if r < 2 { e0 } else { e0 + 8 };
+                                    live(e) && c[lane][r] >= fl[lane][j][r & 1]
+                                })
+                            });
+                            if !maybe {
+                                continue;
+                            }
+                            for (lane, cl) in c.iter().enumerate() {
+                                let (g, t) = (lane >> 2, lane & 3);
+                                let e0 = tile * ROWS + g;
+                                for (r, &score) in cl.iter().enumerate() {
+                                    let q = 8 * j + 2 * t + (r & 1);
+                                    let e = if r < 2 { e0 } else { e0 + 8 };
+                                    if !live(e) || qb + q >= nq {
+                                        continue;
+                                    }
+                                    let floor_s = lists.s[k - 1][q];
+                                    if score < floor_s {
+                                        continue;
+                                    }
+                                    if score == floor_s && self.keys[e] >= lists.k[k - 1][q] {
+                                        continue;
+                                    }
+                                    queue.push((e, score, q));
+                                }
+                            }
+                            for lane in 0..32 {
+                                for &(e, s, q) in &queue {
+                                    if q != lane {
+                                        continue;
+                                    }
+                                    lists.insert(lane, k, s, self.keys[e], e as u32);
+                                }
+                            }
+                            if !queue.is_empty() {
+                                queue.clear();
+                                for (lane, fl) in fl.iter_mut().enumerate() {
+                                    for (jj, f) in fl.iter_mut().enumerate() {
+                                        for (h, f) in f.iter_mut().enumerate() {
+                                            let q = 8 * jj + 2 * (lane & 3) + h;
+                                            if qb + q < nq {
+                                                *f = lists.s[k - 1][q];
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    for lane in 0..32 {
+                        if qb + lane >= nq {
+                            continue;
+                        }
+                        let base = ((qb + lane) * parts + part) * k;
+                        for i in 0..k {
+                            out.s[base + i] = lists.s[i][lane];
+                            out.k[base + i] = lists.k[i][lane];
+                            out.slot[base + i] = lists.slot[i][lane];
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `topk_merge`, one warp a query.
+    fn topk_merge(&self, parts: usize, nq: usize, k: usize, input: &Partials) -> Vec<Vec<RawHit>> {
+        (0..nq)
+            .map(|q| {
+                let mut ms = [i32::MIN; 32];
+                let mut mk = [u64::MAX; 32];
+                let mut mslot = [NO_SLOT; 32];
+                let (mut ts, mut tk) = (i32::MIN, u64::MAX);
+                let total = parts * k;
+                let base = q * total;
+                for c0 in (0..total).step_by(32) {
+                    let cand: [(i32, u64, u32); 32] = std::array::from_fn(|lane| {
+                        let i = c0 + lane;
+                        if i < total {
+                            (input.s[base + i], input.k[base + i], input.slot[base + i])
+                        } else {
+                            (i32::MIN, u64::MAX, NO_SLOT)
+                        }
+                    });
+                    let mut m = (0..32).fold(0u32, |m, lane| {
+                        let (cs, ck, cslot) = cand[lane];
+                        m | (u32::from(cslot != NO_SLOT && better(cs, ck, ts, tk)) << lane)
+                    });
+                    while m != 0 {
+                        let src = m.trailing_zeros() as usize;
+                        m &= m - 1;
+                        let (ns, nk, nslot) = cand[src];
+                        if !better(ns, nk, ts, tk) {
+                            continue;
+                        }
+                        let pos = (0..32)
+                            .filter(|&lane| lane < k && !better(ns, nk, ms[lane], mk[lane]))
+                            .count();
+                        let (us, uk, uslot) = (ms, mk, mslot);
+                        for lane in 0..32 {
+                            if lane > pos {
+                                ms[lane] = us[lane - 1];
+                                mk[lane] = uk[lane - 1];
+                                mslot[lane] = uslot[lane - 1];
+                            } else if lane == pos {
+                                ms[lane] = ns;
+                                mk[lane] = nk;
+                                mslot[lane] = nslot;
+                            }
+                        }
+                        ts = ms[k - 1];
+                        tk = mk[k - 1];
+                    }
+                }
+                (0..k)
+                    .filter(|&lane| mslot[lane] != NO_SLOT)
+                    .map(|lane| RawHit {
+                        slot: mslot[lane],
+                        key: mk[lane],
+                        score: ms[lane],
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+impl Backend for EmuDevice {
+    fn slots(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn scatter(&mut self, writes: &[SlotWrite]) -> Result<(), DeviceError> {
+        self.store_scatter(writes);
+        Ok(())
+    }
+
+    fn submit_top_k(
+        &mut self,
+        tenant: u32,
+        queries: &[SketchBytes],
+        k: usize,
+        now_s: u32,
+    ) -> Result<(), DeviceError> {
+        let nq = queries.len();
+        let plan = plan_scan(self.n_tiles(), nq, EMU_SMS);
+        let words = pack_queries(queries);
+        let n = nq * plan.parts * k;
+        let mut partials = Partials {
+            s: vec![0; n],
+            k: vec![0; n],
+            slot: vec![0; n],
+        };
+        self.topk_scan(plan, &words, nq, tenant, now_s, k, &mut partials);
+        self.answer = self.topk_merge(plan.parts, nq, k, &partials);
+        Ok(())
+    }
+
+    fn collect_top_k(&mut self) -> Result<Vec<Vec<RawHit>>, DeviceError> {
+        Ok(std::mem::take(&mut self.answer))
+    }
+
+    fn entry_bytes(&self) -> u64 {
+        (self.keys.len() * crate::layout::DEVICE_BYTES_PER_ENTRY) as u64
+    }
+
+    fn scratch_bytes(&self) -> u64 {
+        0
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "CPU emulation of kernels/store.cu ({} slots)",
+            self.keys.len()
+        )
+    }
+}

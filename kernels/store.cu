@@ -1,0 +1,271 @@
+// The GPU fingerprint store's kernels (cohort-gpu-store). Compiled at run time by NVRTC
+// (cudarc) when a GpuStore opens, for the device's own architecture; no CUDA toolkit is
+// needed to build the Rust side. docs/GPU-STORE.md describes the layout and the choices.
+//
+// Device layout (one store shard = one device):
+//   tiles    16 entries a tile, 512 bytes: the int8 sketch words in the register order of
+//            mma.m16n8k32's A operand, so lane L of a warp loads its whole fragment of a
+//            tile with one 16-byte load: tiles[tile * 32 + L] = {a0, a1, a2, a3} with
+//            a_r = word (t + 4 * (r >> 1)) of row (g + 8 * (r & 1)), g = L >> 2, t = L & 3.
+//   keys     u64 per slot (ties are broken by the smaller key, as the CPU store does)
+//   tenants  u32 per slot
+//   expires  u32 per slot (0 = empty slot: never live)
+//   => 48 device bytes an entry.
+//
+// Kernels:
+//   store_scatter  batched inserts / updates / clears (one thread a written slot)
+//   topk_scan      exact top-k of each (query, part of the store), int8 tensor cores
+//   topk_merge     per query, the top-k of its parts' lists (one warp a query)
+// Batched cohort assignment is topk_scan + topk_merge with k = 1 over the centroid store.
+//
+// The Rust file src/emu.rs executes these kernels lane by lane on the CPU (the parity
+// tests), and tests/warp_sim.rs compiles this very file with g++ over kernels/warp_sim.h.
+// Keep the three in step.
+
+#define INT_MIN_ (-2147483647 - 1)
+#define INT_MAX_ 2147483647
+
+#define ROWS 16            // entries a tile (M of the mma)
+#define WARP_Q 32          // queries a warp holds (4 mma N-tiles of 8)
+#define WARPS 4            // warps a block of topk_scan
+#define KMAX 16            // largest k on the device (larger k: host path)
+#define QUEUE (ROWS * 8)   // candidates one mma can yield
+#define NO_SLOT 0xffffffffu
+#define FULL 0xffffffffu
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef int i32;
+
+// One lane's A fragment of a tile (16 bytes, one load). Not CUDA's uint4, so the file
+// needs no header under NVRTC or g++.
+struct alignas(16) Frag {
+    u32 x, y, z, w;
+};
+
+// Score-descending, key-ascending order: true when (s, key) comes before (s2, key2).
+__device__ __forceinline__ bool better(i32 s, u64 key, i32 s2, u64 key2) {
+    return s > s2 || (s == s2 && key < key2);
+}
+
+// Index (in u32 words) inside a tile of word `word` of entry `row`.
+__device__ __forceinline__ u32 frag_word(u32 row, u32 word) {
+    u32 lane = (row & 7) * 4 + (word & 3);
+    u32 reg = (row >> 3) + 2 * (word >> 2);
+    return lane * 4 + reg;
+}
+
+// c += A (16 x 32, s8, this lane's fragment a) x B (32 x 8, s8, fragment b0 b1), s32.
+__device__ __forceinline__ void mma_s8(i32 c[4], Frag a, u32 b0, u32 b1) {
+#ifdef COHORT_WARP_SIM
+    sim_mma_s8(c, a, b0, b1);
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+#endif
+}
+
+// Writes n slots: sketch words (8 a slot, dims 4w..4w+3 little-endian in word w), key,
+// tenant and expiry. The host sends each slot at most once per launch.
+extern "C" __global__ void store_scatter(const u32* __restrict__ slots,
+                                         const u32* __restrict__ words,
+                                         const u64* __restrict__ wkeys,
+                                         const u32* __restrict__ wtenants,
+                                         const u32* __restrict__ wexpires, u32 n,
+                                         u32* __restrict__ tiles, u64* __restrict__ keys,
+                                         u32* __restrict__ tenants, u32* __restrict__ expires) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    u32 slot = slots[i];
+    u32 base = (slot / ROWS) * (ROWS * 8);
+    u32 row = slot % ROWS;
+    for (u32 w = 0; w < 8; ++w) tiles[base + frag_word(row, w)] = words[i * 8 + w];
+    keys[slot] = wkeys[i];
+    tenants[slot] = wtenants[i];
+    expires[slot] = wexpires[i];
+}
+
+// Insert (s, key, slot) into the sorted list column `lane` of one warp (best first, k long).
+__device__ __forceinline__ void list_insert(i32 (*ls)[32], u64 (*lk)[32], u32 (*lslot)[32],
+                                            u32 lane, u32 k, i32 s, u64 key, u32 slot) {
+    if (!better(s, key, ls[k - 1][lane], lk[k - 1][lane])) return;
+    u32 i = k - 1;
+    while (i > 0 && better(s, key, ls[i - 1][lane], lk[i - 1][lane])) {
+        ls[i][lane] = ls[i - 1][lane];
+        lk[i][lane] = lk[i - 1][lane];
+        lslot[i][lane] = lslot[i - 1][lane];
+        --i;
+    }
+    ls[i][lane] = s;
+    lk[i][lane] = key;
+    lslot[i][lane] = slot;
+}
+
+// grid (parts, ceil(nq / (WARP_Q * WARPS))), block WARPS * 32. Warp w of block (p, y) holds
+// queries qb .. qb + 31 (qb = (y * WARPS + w) * WARP_Q; the query array is padded with zeros
+// to a multiple of WARP_Q) and scans the tiles of part p; lane L keeps query qb + L's list.
+// Output: for query q and part p, k (score, key, slot) at ((q * parts) + p) * k, best first,
+// slot NO_SLOT where the part had fewer live entries of the tenant.
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+    topk_scan(const Frag* __restrict__ tiles, const u64* __restrict__ keys,
+              const u32* __restrict__ tenants, const u32* __restrict__ expires, u32 n_tiles,
+              u32 part_tiles, const u32* __restrict__ queries, u32 nq, u32 tenant, u32 now,
+              u32 k, i32* __restrict__ out_s, u64* __restrict__ out_k,
+              u32* __restrict__ out_slot) {
+    __shared__ i32 ls[WARPS][KMAX][32];
+    __shared__ u64 lk[WARPS][KMAX][32];
+    __shared__ u32 lslot[WARPS][KMAX][32];
+    __shared__ u32 qe[WARPS][QUEUE];
+    __shared__ i32 qs[WARPS][QUEUE];
+    __shared__ u32 qq[WARPS][QUEUE];
+    __shared__ u32 qn[WARPS];
+
+    const u32 lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 g = lane >> 2;
+    const u32 t = lane & 3;
+    const u32 qb = (blockIdx.y * WARPS + warp) * WARP_Q;
+    if (qb >= nq) return;  // whole warp
+    const u32 parts = gridDim.x;
+    const u32 part = blockIdx.x;
+
+    for (u32 i = 0; i < KMAX; ++i) {
+        ls[warp][i][lane] = INT_MIN_;
+        lk[warp][i][lane] = ~0ull;
+        lslot[warp][i][lane] = NO_SLOT;
+    }
+    if (lane == 0) qn[warp] = 0;
+    u32 b[4][2];
+    for (u32 j = 0; j < 4; ++j) {
+        b[j][0] = queries[(qb + 8 * j + g) * 8 + t];
+        b[j][1] = queries[(qb + 8 * j + g) * 8 + 4 + t];
+    }
+    // The floors (k-th best score) of this lane's 8 accumulator columns, kept in registers:
+    // the lists change only in a drain, after which they are re-read. Padding queries get
+    // INT_MAX so that they never ask for the slow path.
+    i32 fl[4][2];
+    for (u32 j = 0; j < 4; ++j)
+        for (u32 h = 0; h < 2; ++h) fl[j][h] = (qb + 8 * j + 2 * t + h < nq) ? INT_MIN_ : INT_MAX_;
+    __syncwarp();
+
+    const u32 t0 = part * part_tiles;
+    const u32 t1 = (t0 + part_tiles < n_tiles) ? t0 + part_tiles : n_tiles;
+    for (u32 tile = t0; tile < t1; ++tile) {
+        const u32 e0 = tile * ROWS + g;
+        const u32 e1 = e0 + 8;
+        const bool live0 = tenants[e0] == tenant && now < expires[e0];
+        const bool live1 = tenants[e1] == tenant && now < expires[e1];
+        if (!__any_sync(FULL, live0 || live1)) continue;
+        const Frag a = tiles[tile * 32 + lane];
+        for (u32 j = 0; j < 4; ++j) {
+            if (qb + 8 * j >= nq) break;  // whole warp
+            i32 c[4] = {0, 0, 0, 0};
+            mma_s8(c, a, b[j][0], b[j][1]);
+            // Fast path: no live score reaches its floor in the whole warp (the common case
+            // once the lists are full).
+            bool maybe = false;
+            for (u32 r = 0; r < 4; ++r)
+                maybe |= ((r < 2) ? live0 : live1) && c[r] >= fl[j][r & 1];
+            if (!__any_sync(FULL, maybe)) continue;
+            for (u32 r = 0; r < 4; ++r) {
+                const u32 q = 8 * j + 2 * t + (r & 1);
+                const u32 e = (r < 2) ? e0 : e1;
+                const bool live = (r < 2) ? live0 : live1;
+                if (!live || qb + q >= nq) continue;
+                const i32 floor_s = ls[warp][k - 1][q];
+                if (c[r] < floor_s) continue;
+                if (c[r] == floor_s && keys[e] >= lk[warp][k - 1][q]) continue;
+                const u32 at = atomicAdd(&qn[warp], 1u);
+                qe[warp][at] = e;
+                qs[warp][at] = c[r];
+                qq[warp][at] = q;
+            }
+            __syncwarp();
+            const u32 n = qn[warp];
+            if (n != 0) {  // the same n in every lane
+                for (u32 p = 0; p < n; ++p) {
+                    if (qq[warp][p] != lane) continue;
+                    const u32 e = qe[warp][p];
+                    list_insert(ls[warp], lk[warp], lslot[warp], lane, k, qs[warp][p], keys[e],
+                                e);
+                }
+                __syncwarp();
+                if (lane == 0) qn[warp] = 0;
+                for (u32 jj = 0; jj < 4; ++jj)
+                    for (u32 h = 0; h < 2; ++h)
+                        if (qb + 8 * jj + 2 * t + h < nq) fl[jj][h] = ls[warp][k - 1][8 * jj + 2 * t + h];
+            }
+            __syncwarp();
+        }
+    }
+    if (qb + lane < nq) {
+        const u32 base = ((qb + lane) * parts + part) * k;
+        for (u32 i = 0; i < k; ++i) {
+            out_s[base + i] = ls[warp][i][lane];
+            out_k[base + i] = lk[warp][i][lane];
+            out_slot[base + i] = lslot[warp][i][lane];
+        }
+    }
+}
+
+// One warp a query (blockDim.x a multiple of 32): the best k of the query's parts * k
+// candidates. Lane i < k holds the i-th best so far; a candidate better than the k-th is
+// inserted by shifting the lanes after its place up by one.
+extern "C" __global__ void topk_merge(const i32* __restrict__ in_s, const u64* __restrict__ in_k,
+                                      const u32* __restrict__ in_slot, u32 parts, u32 nq, u32 k,
+                                      i32* __restrict__ out_s, u64* __restrict__ out_k,
+                                      u32* __restrict__ out_slot) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 q = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (q >= nq) return;  // whole warp
+    i32 ms = INT_MIN_;
+    u64 mk = ~0ull;
+    u32 mslot = NO_SLOT;
+    i32 ts = INT_MIN_;
+    u64 tk = ~0ull;
+    const u32 total = parts * k;
+    const u32 base = q * total;
+    for (u32 c0 = 0; c0 < total; c0 += 32) {
+        const u32 i = c0 + lane;
+        i32 cs = INT_MIN_;
+        u64 ck = ~0ull;
+        u32 cslot = NO_SLOT;
+        if (i < total) {
+            cs = in_s[base + i];
+            ck = in_k[base + i];
+            cslot = in_slot[base + i];
+        }
+        u32 m = __ballot_sync(FULL, cslot != NO_SLOT && better(cs, ck, ts, tk));
+        while (m != 0) {
+            const u32 src = __ffs((int)m) - 1;
+            m &= m - 1;
+            const i32 ns = __shfl_sync(FULL, cs, src);
+            const u64 nk = __shfl_sync(FULL, ck, src);
+            const u32 nslot = __shfl_sync(FULL, cslot, src);
+            if (!better(ns, nk, ts, tk)) continue;  // the same in every lane
+            const u32 pos = __popc(__ballot_sync(FULL, lane < k && !better(ns, nk, ms, mk)));
+            const i32 us = __shfl_up_sync(FULL, ms, 1);
+            const u64 uk = __shfl_up_sync(FULL, mk, 1);
+            const u32 uslot = __shfl_up_sync(FULL, mslot, 1);
+            if (lane > pos) {
+                ms = us;
+                mk = uk;
+                mslot = uslot;
+            } else if (lane == pos) {
+                ms = ns;
+                mk = nk;
+                mslot = nslot;
+            }
+            ts = __shfl_sync(FULL, ms, k - 1);
+            tk = __shfl_sync(FULL, mk, k - 1);
+        }
+    }
+    if (lane < k) {
+        out_s[q * k + lane] = ms;
+        out_k[q * k + lane] = mk;
+        out_slot[q * k + lane] = mslot;
+    }
+}
