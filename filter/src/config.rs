@@ -253,9 +253,11 @@ impl FilterConfig {
         }
         // `is_api_path` drops the query, the fragment and a trailing '/' before matching,
         // so a configured path with any of them would be accepted and never match.
-        if let Some(path) = self.api_paths.iter().find(|p| {
-            !p.starts_with('/') || p.ends_with('/') || p.contains(['?', '#'])
-        }) {
+        if let Some(path) = self
+            .api_paths
+            .iter()
+            .find(|p| !p.starts_with('/') || p.ends_with('/') || p.contains(['?', '#']))
+        {
             return Err(ConfigError::ApiPath(path.clone()));
         }
         let clusters = &self.batcher_clusters;

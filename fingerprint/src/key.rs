@@ -109,7 +109,10 @@ mod tests {
 
     #[test]
     fn cohort_ids_are_salted_per_tenant() {
-        let (a, b) = (TenantSalt::new(b"", Some("a")), TenantSalt::new(b"", Some("b")));
+        let (a, b) = (
+            TenantSalt::new(b"", Some("a")),
+            TenantSalt::new(b"", Some("b")),
+        );
         assert_ne!(a.cohort(0x1234_5678), b.cohort(0x1234_5678));
         assert_eq!(a.cohort(0x1234_5678), a.cohort(0x1234_5678));
         assert_ne!(a.cohort(0x1234_5678), a.cohort(0x1234_5679));

@@ -33,7 +33,10 @@ pub fn normalize(text: &str) -> String {
     // Invisible characters go before composition: left in place, one between a letter and
     // its combining mark (`e` ZWJ U+0301) blocks NFKC from composing them, and removing it
     // afterwards would leave text that composes differently when normalised again.
-    let visible = text.chars().filter(|c| !is_invisible(*c)).map(control_to_space);
+    let visible = text
+        .chars()
+        .filter(|c| !is_invisible(*c))
+        .map(control_to_space);
     for c in visible.nfkc() {
         // Composition yields no invisible or control character today; the check keeps the
         // output promise if a Unicode update ever maps one there.
@@ -104,7 +107,11 @@ mod tests {
     #[test]
     fn normalising_twice_changes_nothing() {
         // Found by fuzzing: a joiner between a letter and its combining mark.
-        for text in ["e\u{200D}\u{0301}", "a\u{FEFF}\u{0308}x", "\u{1100}\u{200B}\u{1161}"] {
+        for text in [
+            "e\u{200D}\u{0301}",
+            "a\u{FEFF}\u{0308}x",
+            "\u{1100}\u{200B}\u{1161}",
+        ] {
             let once = normalize(text);
             assert_eq!(normalize(&once), once, "{text:?}");
         }

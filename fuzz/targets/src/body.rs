@@ -56,13 +56,19 @@ pub fn body(data: &[u8]) {
         })
         .expect("the tenant does not decide whether a body parses");
         assert_ne!(fp.routing_key, other.routing_key, "tenants share a key");
-        assert_eq!(fp.intent, other.intent, "the sketch does not depend on the tenant");
+        assert_eq!(
+            fp.intent, other.intent,
+            "the sketch does not depend on the tenant"
+        );
     }
     through_the_filter(body, path, mode, &result);
 }
 
 fn assert_fingerprint(fp: &Fingerprint, salt: TenantSalt) {
-    assert_eq!(fp.prefix_blocks.len(), fp.prompt_bytes.div_ceil(BLOCK_BYTES));
+    assert_eq!(
+        fp.prefix_blocks.len(),
+        fp.prompt_bytes.div_ceil(BLOCK_BYTES)
+    );
     assert_sketch(&fp.intent.sketch);
     assert_eq!(fp.intent.cohort(), fp.intent.sketch.signature());
     assert!(fp.intent.tokens.len() <= MAX_TOKENS);
@@ -136,7 +142,9 @@ fn through_the_filter(
             assert_eq!(header(&names.fp).map(str::len), Some(43));
         }
         (Err(reason), Err(error)) if same => assert_eq!(reason, error.bypass_reason()),
-        (Err(reason), Ok(_)) if same => panic!("the filter bypassed ({reason}) a body the core fingerprints"),
+        (Err(reason), Ok(_)) if same => {
+            panic!("the filter bypassed ({reason}) a body the core fingerprints")
+        }
         (Ok(_), Err(error)) if same => panic!("the filter routed a body the core refused: {error}"),
         (Err(reason), _) => assert!(
             BYPASS_REASONS.contains(&reason),

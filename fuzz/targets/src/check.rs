@@ -29,7 +29,10 @@ pub fn assert_visible_ascii(what: &str, value: &str) {
 /// `value` is exactly `digits` lowercase hex digits.
 pub fn assert_hex(what: &str, value: &str, digits: usize) {
     assert!(
-        value.len() == digits && value.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        value.len() == digits
+            && value
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
         "{what}: {value:?} is not {digits} lowercase hex digits"
     );
 }

@@ -54,19 +54,23 @@ pub fn knobs(data: &[u8]) {
     let defaults = Knobs::default();
     for knob in KNOBS {
         let reports: Vec<_> = parsed.invalid.iter().filter(|i| i.knob == knob).collect();
-        assert!(reports.len() <= 1, "{knob:?} reported {} times", reports.len());
+        assert!(
+            reports.len() <= 1,
+            "{knob:?} reported {} times",
+            reports.len()
+        );
         if get(knob.header()).is_none() {
             assert!(reports.is_empty(), "{knob:?} reported but not sent");
         }
         if let Some(report) = reports.first() {
             if report.problem == KnobProblem::Clamped {
                 match knob {
-                    KnobName::BatchThreshold => assert!(
-                        knobs.batch_threshold == low || knobs.batch_threshold == high
-                    ),
-                    KnobName::CacheTtl => assert!(
-                        knobs.cache_ttl_s == ttl_low || knobs.cache_ttl_s == ttl_high
-                    ),
+                    KnobName::BatchThreshold => {
+                        assert!(knobs.batch_threshold == low || knobs.batch_threshold == high)
+                    }
+                    KnobName::CacheTtl => {
+                        assert!(knobs.cache_ttl_s == ttl_low || knobs.cache_ttl_s == ttl_high)
+                    }
                     _ => panic!("{knob:?} is not numeric, yet clamped"),
                 }
             }
@@ -101,7 +105,9 @@ pub fn knobs(data: &[u8]) {
     ];
     headers.extend(pairs.iter().cloned());
     match inspect_headers(&config, &headers, None) {
-        HeadersVerdict::Buffer(plan) => assert_eq!(plan.knobs, parsed, "the filter reads the same knobs"),
+        HeadersVerdict::Buffer(plan) => {
+            assert_eq!(plan.knobs, parsed, "the filter reads the same knobs")
+        }
         HeadersVerdict::Bypass(_) => {}
         HeadersVerdict::Ignore => panic!("a POST to an API path was ignored"),
     }

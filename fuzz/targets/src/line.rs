@@ -16,7 +16,11 @@ use cohort_fingerprint::Sketch;
 pub fn line(data: &[u8]) {
     let defaults = LineDefaults::default();
     let record = fingerprint_line(data, 1, &defaults);
-    assert_eq!(record, fingerprint_line(data, 1, &defaults), "deterministic");
+    assert_eq!(
+        record,
+        fingerprint_line(data, 1, &defaults),
+        "deterministic"
+    );
     assert_ne!(
         record.bypass.is_some(),
         record.sketch.is_some(),
@@ -39,7 +43,9 @@ pub fn line(data: &[u8]) {
     }
     for (i, knob) in record.invalid_knobs.iter().enumerate() {
         assert!(
-            record.invalid_knobs[..i].iter().all(|k| k.knob != knob.knob),
+            record.invalid_knobs[..i]
+                .iter()
+                .all(|k| k.knob != knob.knob),
             "knob {} reported twice",
             knob.knob
         );

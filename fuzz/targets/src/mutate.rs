@@ -162,7 +162,7 @@ pub fn parse_dict(text: &str) -> Result<Vec<Vec<u8>>, String> {
             .map(|start| &line[start..])
             .filter(|q| q.len() >= 2 && q.ends_with('"'))
             .ok_or_else(|| format!("line {}: no quoted token", number + 1))?;
-        let inner = quoted[1..quoted.len() - 1].as_bytes();
+        let inner = &quoted.as_bytes()[1..quoted.len() - 1];
         let mut token = Vec::new();
         let mut i = 0;
         while i < inner.len() {

@@ -49,8 +49,8 @@ pub fn sketch(data: &[u8]) {
     let table = Table::embedded().expect("the embedded table parses");
     assert_table_reads(table, &text, &tokens);
     let built = table_from(rest);
-    let parsed = Table::parse(&built)
-        .unwrap_or_else(|e| panic!("a well-formed table was refused: {e}"));
+    let parsed =
+        Table::parse(&built).unwrap_or_else(|e| panic!("a well-formed table was refused: {e}"));
     assert_table_reads(&parsed, &text, &tokens);
     if let Ok(raw) = Table::parse(rest) {
         assert_table_reads(&raw, &text, &tokens);

@@ -36,11 +36,9 @@ fn inputs(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 fn save_failure(name: &str, input: &[u8]) -> PathBuf {
     let dir = fuzz_dir().join("../target/fuzz-failures").join(name);
     std::fs::create_dir_all(&dir).unwrap();
-    let hash = input
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
-        });
+    let hash = input.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    });
     let path = dir.join(format!("{hash:016x}"));
     std::fs::write(&path, input).unwrap();
     path
@@ -150,5 +148,8 @@ fn every_target_is_tested_and_has_seeds() {
         })
         .map(|(_, b)| b.len() as u64)
         .sum();
-    assert!(committed < 200 * 1024, "committed corpus is {committed} bytes");
+    assert!(
+        committed < 200 * 1024,
+        "committed corpus is {committed} bytes"
+    );
 }
