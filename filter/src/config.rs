@@ -206,8 +206,16 @@ pub enum ConfigError {
     },
     #[error("header name for {field} ({value:?}) must be a non-empty lowercase HTTP token")]
     HeaderName { field: &'static str, value: String },
-    #[error("api_paths must be non-empty and each start with '/', got {0:?}")]
+    #[error("api_paths must be non-empty, got {0:?}")]
     ApiPaths(Vec<String>),
+    #[error("api_paths entry {0:?} can never match: it must start with '/', not end with '/', and contain no '?' or '#' (the query string and a trailing '/' are ignored when matching)")]
+    ApiPath(String),
+    #[error("header name {value:?} is configured for both {first} and {second}")]
+    DuplicateHeader {
+        first: &'static str,
+        second: &'static str,
+        value: String,
+    },
     #[error("batcher_clusters entries must be non-empty and distinct, got {0:?}")]
     BatcherClusters(Vec<String>),
     #[error("mode {0} needs at least one entry in batcher_clusters")]
@@ -240,8 +248,17 @@ impl FilterConfig {
             1 << 20,
         )?;
         range("assign_deadline_ms", self.assign_deadline_ms, 1, 10_000)?;
-        if self.api_paths.is_empty() || self.api_paths.iter().any(|p| !p.starts_with('/')) {
+        if self.api_paths.is_empty() {
             return Err(ConfigError::ApiPaths(self.api_paths.clone()));
+        }
+        // `is_api_path` drops the query, the fragment and a trailing '/' before matching,
+        // so a configured path with any of them would be accepted and never match.
+        if let Some(path) = self
+            .api_paths
+            .iter()
+            .find(|p| !p.starts_with('/') || p.ends_with('/') || p.contains(['?', '#']))
+        {
+            return Err(ConfigError::ApiPath(path.clone()));
         }
         let clusters = &self.batcher_clusters;
         if clusters
@@ -256,10 +273,19 @@ impl FilterConfig {
         }
         let mut names = self.headers.all().to_vec();
         names.push(("tenant_header", &self.tenant_header));
-        for (field, value) in names {
+        for (i, &(field, value)) in names.iter().enumerate() {
             if !is_header_token(value) {
                 return Err(ConfigError::HeaderName {
                     field,
+                    value: value.to_owned(),
+                });
+            }
+            // One name for two headers would make the filter overwrite, or strip as
+            // spoofed, a header it reads.
+            if let Some(&(first, _)) = names[..i].iter().find(|(_, v)| *v == value) {
+                return Err(ConfigError::DuplicateHeader {
+                    first,
+                    second: field,
                     value: value.to_owned(),
                 });
             }
@@ -332,6 +358,13 @@ mod tests {
         assert!(err(r#"{"body_limit_bytes":0}"#).contains("body_limit_bytes must be between"));
         assert!(err(r#"{"headers":{"key":"X-Key"}}"#).contains("header name for key"));
         assert!(err(r#"{"api_paths":[]}"#).contains("api_paths"));
+        for never_matches in ["v1/chat", "/v1/chat/", "/", "/v1/chat?x=1", "/v1/chat#a"] {
+            let config = format!(r#"{{"api_paths":["/v1/messages","{never_matches}"]}}"#);
+            assert!(err(&config).contains("can never match"), "{never_matches}");
+        }
+        assert!(err(r#"{"headers":{"shard":"x-cohort-key"}}"#)
+            .contains("configured for both key and shard"));
+        assert!(err(r#"{"tenant_header":"x-cohort-session"}"#).contains("both"));
         assert!(err("not json").contains("not valid JSON"));
         assert!(err(r#"{"batcher_clusters":["a","a"]}"#).contains("distinct"));
         assert!(err(r#"{"mode":"assign","batcher_clusters":[]}"#).contains("needs at least one"));

@@ -185,7 +185,7 @@ pub fn route_body(
     };
     let fp = fingerprint(&request).map_err(|e| e.bypass_reason())?;
     let names = &config.headers;
-    let cluster = format!("{:08x}", fp.intent.cohort());
+    let cluster = format!("{:08x}", fp.cohort);
     Ok(Routing {
         headers: vec![
             (names.key.clone(), fp.routing_key.to_string()),
@@ -365,5 +365,19 @@ mod tests {
                 .clone()
         };
         assert_ne!(key(Some("spiffe://a")), key(Some("spiffe://b")));
+    }
+
+    #[test]
+    fn tenants_get_different_cohort_ids_for_the_same_prompt() {
+        let config = FilterConfig::default();
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"refund order 12"}]}"#;
+        let routing = |tenant: Option<&str>| {
+            let plan = plan(inspect_headers(&config, &headers(&[]), tenant));
+            route_body(&config, &plan, body).unwrap()
+        };
+        let (a, b) = (routing(Some("spiffe://a")), routing(Some("spiffe://b")));
+        assert_eq!(a.fingerprint.intent, b.fingerprint.intent, "same sketch");
+        assert_ne!(a.cluster, b.cluster);
+        assert_eq!(routing(Some("spiffe://a")).cluster, a.cluster);
     }
 }

@@ -96,7 +96,8 @@ impl IntentSketch {
         parts.join(" ")
     }
 
-    /// The cohort id: the sketch's sign signature.
+    /// The sketch's sign signature: the routing key's cohort anchor. Not salted; the
+    /// cohort id shown to anyone is [`TenantSalt::cohort`] of it ([`Fingerprint::cohort`]).
     pub fn cohort(&self) -> u32 {
         self.sketch.signature()
     }
@@ -119,6 +120,9 @@ pub struct Fingerprint {
     pub semantic_mode: SemanticMode,
     pub anchor: Anchor,
     pub routing_key: RoutingKey,
+    /// The cohort id (`x-cohort-cluster`): the sketch signature salted per tenant
+    /// ([`TenantSalt::cohort`]).
+    pub cohort: u32,
 }
 
 /// Fingerprints one request.
@@ -150,6 +154,7 @@ pub fn fingerprint(request: &Request<'_>) -> Result<Fingerprint, FingerprintErro
         prefix_blocks,
         prompt_bytes: prompt.bytes().len(),
         routing_key: RoutingKey::new(request.salt, anchor, request.app_routing_key),
+        cohort: request.salt.cohort(intent.cohort()),
         anchor,
         intent,
         semantic_mode: request.semantic_mode,

@@ -30,13 +30,29 @@ pub fn normalize(text: &str) -> String {
         }));
         return out;
     }
-    for c in text.nfkc() {
-        if is_invisible(c) {
-            continue;
+    // Invisible characters go before composition: left in place, one between a letter and
+    // its combining mark (`e` ZWJ U+0301) blocks NFKC from composing them, and removing it
+    // afterwards would leave text that composes differently when normalised again.
+    let visible = text
+        .chars()
+        .filter(|c| !is_invisible(*c))
+        .map(control_to_space);
+    for c in visible.nfkc() {
+        // Composition yields no invisible or control character today; the check keeps the
+        // output promise if a Unicode update ever maps one there.
+        if !is_invisible(c) {
+            out.push(control_to_space(c));
         }
-        out.push(if c.is_control() && c != '\n' { ' ' } else { c });
     }
     out
+}
+
+fn control_to_space(c: char) -> char {
+    if c.is_control() && c != '\n' {
+        ' '
+    } else {
+        c
+    }
 }
 
 /// True for characters that render as nothing but can split or disguise words.
@@ -86,6 +102,20 @@ mod tests {
             normalize("re\u{200B}fu\u{200D}nd\u{FEFF} \u{202E}card"),
             "refund card"
         );
+    }
+
+    #[test]
+    fn normalising_twice_changes_nothing() {
+        // Found by fuzzing: a joiner between a letter and its combining mark.
+        for text in [
+            "e\u{200D}\u{0301}",
+            "a\u{FEFF}\u{0308}x",
+            "\u{1100}\u{200B}\u{1161}",
+        ] {
+            let once = normalize(text);
+            assert_eq!(normalize(&once), once, "{text:?}");
+        }
+        assert_eq!(normalize("e\u{200D}\u{0301}"), "\u{e9}");
     }
 
     #[test]

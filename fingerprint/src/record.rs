@@ -137,7 +137,7 @@ pub fn fingerprint_line(line: &[u8], number: usize, defaults: &LineDefaults) -> 
         let app_key = object.get("routing_key").and_then(Value::as_str);
         record.routing_key = Some(RoutingKey::new(salt, anchor, app_key).to_string());
         record.anchor = Some(anchor.as_str());
-        fill_intent(&mut record, &intent, mode);
+        fill_intent(&mut record, &intent, mode, salt.cohort(intent.cohort()));
         return record;
     }
 
@@ -191,7 +191,7 @@ fn fill(record: &mut Record, result: Result<Fingerprint, FingerprintError>) {
             record.prompt_bytes = Some(fp.prompt_bytes);
             record.anchor = Some(fp.anchor.as_str());
             record.routing_key = Some(fp.routing_key.to_string());
-            fill_intent(record, &fp.intent, fp.semantic_mode);
+            fill_intent(record, &fp.intent, fp.semantic_mode, fp.cohort);
         }
         Err(error) => {
             record.bypass = Some(error.bypass_reason());
@@ -200,13 +200,13 @@ fn fill(record: &mut Record, result: Result<Fingerprint, FingerprintError>) {
     }
 }
 
-fn fill_intent(record: &mut Record, intent: &IntentSketch, mode: SemanticMode) {
+fn fill_intent(record: &mut Record, intent: &IntentSketch, mode: SemanticMode, cohort: u32) {
     record.intent_text = Some(intent.masked_text());
     record.sketch = Some(intent.sketch.to_base64url());
     record.sketch_i8 = Some(intent.sketch.0.to_vec());
     record.sketch_version = Some(SKETCH_VERSION);
     record.semantic_mode = Some(mode.as_str());
-    record.cohort = Some(format!("{:08x}", intent.cohort()));
+    record.cohort = Some(format!("{cohort:08x}"));
 }
 
 #[cfg(test)]

@@ -99,3 +99,48 @@ pub fn replace_string(config: &mut Value, placeholder: &str, value: &str) {
         _ => {}
     }
 }
+
+/// Mirrors every request that route `route` takes to a new cluster `name` on loopback
+/// `port` (Envoy's request mirroring: the copy carries the request headers as the filters
+/// left them). For upstreams that do not pass the `x-cohort-*` headers on, such as the
+/// batch front, this is how a test sees what the filter wrote.
+pub fn mirror_route(config: &mut Value, route: &str, name: &str, port: u16) {
+    let routes = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+        .as_sequence_mut()
+        .unwrap();
+    let route = routes
+        .iter_mut()
+        .find(|r| r["name"].as_str() == Some(route))
+        .unwrap_or_else(|| panic!("no route {route}"));
+    route["route"]["request_mirror_policies"] =
+        serde_yaml::from_str(&format!("[{{cluster: {name}}}]")).unwrap();
+    let cluster: Value = serde_yaml::from_str(&format!(
+        "{{name: {name}, type: STATIC, connect_timeout: 1s, load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: []}}]}}}}"
+    ))
+    .unwrap();
+    config["static_resources"]["clusters"]
+        .as_sequence_mut()
+        .unwrap()
+        .push(cluster);
+    set_endpoints(config, name, &[port]);
+}
+
+/// Removes cluster `name`'s active health check and its lower-priority endpoints, so all of
+/// its traffic goes to its priority-0 endpoints: for tests whose subject is not the
+/// fallback (a health check timing out on a loaded machine would divert requests).
+pub fn drop_fallback(config: &mut Value, name: &str) {
+    let clusters = config["static_resources"]["clusters"]
+        .as_sequence_mut()
+        .unwrap();
+    let cluster = clusters
+        .iter_mut()
+        .find(|c| c["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no cluster {name}"));
+    if let Value::Mapping(map) = cluster {
+        map.remove("health_checks");
+    }
+    if let Some(groups) = cluster["load_assignment"]["endpoints"].as_sequence_mut() {
+        groups.truncate(1);
+    }
+}
