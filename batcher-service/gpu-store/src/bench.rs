@@ -23,8 +23,13 @@ pub struct Workload {
 
 impl Workload {
     pub fn new(seed: u64) -> Workload {
+        Workload::with_centres(seed, 4096)
+    }
+
+    /// Sketches around `centres` centres.
+    pub fn with_centres(seed: u64, centres: usize) -> Workload {
         let mut rng = Rng(seed);
-        let centres = (0..4096).map(|_| rng.sketch()).collect();
+        let centres = (0..centres.max(1)).map(|_| rng.sketch()).collect();
         Workload { rng, centres }
     }
 
@@ -109,4 +114,27 @@ pub fn measure(
         queries_per_s: (calls * batch) as f64 / wall,
         p99_ms: p99,
     }
+}
+
+/// Recall@k of `got` against `exact`, averaged over queries: the share of each exact answer's
+/// keys that `got` also returned (a query with an empty exact answer counts 1).
+pub fn recall(
+    got: &[Vec<cohort_batcher_core::store::Hit>],
+    exact: &[Vec<cohort_batcher_core::store::Hit>],
+) -> f64 {
+    let per: Vec<f64> = exact
+        .iter()
+        .zip(got)
+        .map(|(want, have)| {
+            if want.is_empty() {
+                return 1.0;
+            }
+            let found = want
+                .iter()
+                .filter(|w| have.iter().any(|h| h.key == w.key))
+                .count();
+            found as f64 / want.len() as f64
+        })
+        .collect();
+    per.iter().sum::<f64>() / per.len().max(1) as f64
 }
