@@ -80,9 +80,23 @@ pub fn list_of(centroids: &[SketchBytes], sketch: &SketchBytes) -> u32 {
         .unwrap_or(0)
 }
 
+/// The centroid nearest to `s` (squared distance; the first on ties).
+fn nearest(cents: &[[f32; 32]], s: &SketchBytes) -> usize {
+    let x: [f32; 32] = std::array::from_fn(|d| f32::from(s[d]));
+    let mut best = (f32::INFINITY, 0);
+    for (c, cent) in cents.iter().enumerate() {
+        let d2: f32 = x.iter().zip(cent).map(|(a, b)| (a - b) * (a - b)).sum();
+        if d2 < best.0 {
+            best = (d2, c);
+        }
+    }
+    best.1
+}
+
 /// k-means (Lloyd, squared distance) over `sample`: `nlist` centroids started from distinct
 /// sample points chosen by `seed`, `iters` rounds; a centroid left empty keeps its place.
-/// The result is rounded to int8 (what the device scores with). Deterministic.
+/// The result is rounded to int8 (what the device scores with). Deterministic (the
+/// assignment step runs on up to 16 threads, each point on its own).
 pub fn kmeans(sample: &[SketchBytes], nlist: usize, iters: usize, seed: u64) -> Vec<SketchBytes> {
     if sample.is_empty() || nlist == 0 {
         return Vec::new();
@@ -100,17 +114,18 @@ pub fn kmeans(sample: &[SketchBytes], nlist: usize, iters: usize, seed: u64) -> 
         .collect();
     let mut assign = vec![0usize; sample.len()];
     for _ in 0..iters {
-        for (s, a) in sample.iter().zip(assign.iter_mut()) {
-            let x: [f32; 32] = std::array::from_fn(|d| f32::from(s[d]));
-            let mut best = (f32::INFINITY, 0);
-            for (c, cent) in cents.iter().enumerate() {
-                let d2: f32 = x.iter().zip(cent).map(|(a, b)| (a - b) * (a - b)).sum();
-                if d2 < best.0 {
-                    best = (d2, c);
-                }
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(16));
+        let per = sample.len().div_ceil(threads);
+        let cents_ref = &cents;
+        std::thread::scope(|sc| {
+            for (xs, out) in sample.chunks(per).zip(assign.chunks_mut(per)) {
+                sc.spawn(move || {
+                    for (s, a) in xs.iter().zip(out.iter_mut()) {
+                        *a = nearest(cents_ref, s);
+                    }
+                });
             }
-            *a = best.1;
-        }
+        });
         let mut sum = vec![[0f32; 32]; nlist];
         let mut count = vec![0u32; nlist];
         for (s, &a) in sample.iter().zip(&assign) {

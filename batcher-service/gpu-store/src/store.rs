@@ -10,7 +10,7 @@
 //! launches on a device are serial anyway, and a query sees every write made before it.
 
 use crate::backend::{Backend, DeviceError, RawHit, SlotWrite};
-use crate::ivf::{kmeans, list_of, pack_lists, plan_items, probe_lists};
+use crate::ivf::{kmeans, pack_lists, plan_items, probe_lists};
 use crate::layout::{pack_words, KMAX, MAX_LAUNCH_QUERIES, NO_SLOT};
 use crate::mirror::MirrorShard;
 use cohort_batcher_core::store::clock::shard_of;
@@ -174,7 +174,8 @@ impl<B: Backend> GpuStore<B> {
 
     /// Build the IVF index over the entries held now (replacing any before): k-means with
     /// `iters` rounds (seed `seed`) over a sample of at most 32 × `nlist` sketches gives
-    /// `nlist` centroids; each entry joins the list of its best centroid by inner product.
+    /// `nlist` centroids; each entry joins the list of its best centroid by inner product,
+    /// ranked on device 0 by the exact kernels (as queries rank them).
     pub fn build_ivf(
         &self,
         nlist: usize,
@@ -212,11 +213,22 @@ impl<B: Backend> GpuStore<B> {
         let mut largest = 0;
         for d in 0..inner.devices.len() {
             let mut members = vec![Vec::new(); centroids.len()];
-            for &(_, sh) in &inner.devices[d].owners {
-                let shard = &inner.shards[sh];
-                for i in 0..shard.len() {
-                    let l = list_of(&centroids, shard.entry(i).1) as usize;
-                    members[l].push(shard.base + i as u32);
+            let held: Vec<(u32, SketchBytes)> = inner.devices[d]
+                .owners
+                .iter()
+                .flat_map(|&(_, sh)| {
+                    let shard = &inner.shards[sh];
+                    (0..shard.len()).map(move |i| (shard.base + i as u32, *shard.entry(i).1))
+                })
+                .collect();
+            // Each entry joins its best centroid, ranked by the exact kernels (k = 1).
+            for chunk in held.chunks(MAX_LAUNCH_QUERIES) {
+                let sketches: Vec<SketchBytes> = chunk.iter().map(|&(_, s)| s).collect();
+                coarse.submit_top_k(0, &sketches, 1, 0)?;
+                let best = coarse.collect_top_k()?;
+                for (&(slot, _), hits) in chunk.iter().zip(&best) {
+                    let l = hits.first().map_or(0, |h| h.key as usize);
+                    members[l.min(centroids.len().saturating_sub(1))].push(slot);
                 }
             }
             let (off, slots) = if centroids.is_empty() {
