@@ -50,32 +50,36 @@ fn better(s: i32, key: u64, s2: i32, key2: u64) -> bool {
     s > s2 || (s == s2 && key < key2)
 }
 
-/// Dot product of two packed words (4 × s8).
-#[inline]
-fn dot4(a: u32, b: u32) -> i32 {
-    a.to_le_bytes()
-        .iter()
-        .zip(b.to_le_bytes())
-        .map(|(&x, y)| i32::from(x as i8) * i32::from(y as i8))
-        .sum()
-}
-
 /// `mma.sync.m16n8k32.row.col.s32.s8.s8.s32` over a warp: `a[lane]` and `b[lane]` are the
-/// lanes' fragments, the result is each lane's four accumulators.
+/// lanes' fragments, the result is each lane's four accumulators. The fragments are first
+/// unpacked by the PTX layout into A (16 rows × 32 dims) and B (8 columns × 32 dims): word
+/// `w` of row `row` is in lane `(row % 8) * 4 + w % 4`, register `row / 8 + 2 * (w / 4)`;
+/// word `w` of column `col` in lane `col * 4 + w % 4`, register `w / 4`. Accumulator `r`
+/// of lane L is (row `L / 4 + 8 * (r / 2)`, column `2 * (L % 4) + r % 2`).
 fn mma_s8(a: &[[u32; 4]; 32], b: &[[u32; 2]; 32]) -> [[i32; 4]; 32] {
+    let unpack = |word: u32| word.to_le_bytes().map(|x| i32::from(x as i8));
+    let am: [[i32; 32]; 16] = std::array::from_fn(|row| {
+        let mut v = [0; 32];
+        for w in 0..WORDS {
+            let x = unpack(a[(row & 7) * 4 + (w & 3)][(row >> 3) + 2 * (w >> 2)]);
+            v[4 * w..4 * w + 4].copy_from_slice(&x);
+        }
+        v
+    });
+    let bm: [[i32; 32]; 8] = std::array::from_fn(|col| {
+        let mut v = [0; 32];
+        for w in 0..WORDS {
+            let x = unpack(b[col * 4 + (w & 3)][w >> 2]);
+            v[4 * w..4 * w + 4].copy_from_slice(&x);
+        }
+        v
+    });
+    let cm: [[i32; 8]; 16] = std::array::from_fn(|row| {
+        std::array::from_fn(|col| am[row].iter().zip(&bm[col]).map(|(x, y)| x * y).sum())
+    });
     std::array::from_fn(|lane| {
         let (g, t) = (lane >> 2, lane & 3);
-        std::array::from_fn(|r| {
-            let row = g + 8 * (r >> 1);
-            let col = 2 * t + (r & 1);
-            (0..WORDS)
-                .map(|w| {
-                    let a_word = a[(row & 7) * 4 + (w & 3)][(row >> 3) + 2 * (w >> 2)];
-                    let b_word = b[col * 4 + (w & 3)][w >> 2];
-                    dot4(a_word, b_word)
-                })
-                .sum()
-        })
+        std::array::from_fn(|r| cm[g + 8 * (r >> 1)][2 * t + (r & 1)])
     })
 }
 
