@@ -106,6 +106,36 @@ __device__ __forceinline__ void list_insert(i32 (*ls)[32], u64 (*lk)[32], u32 (*
     lslot[i][lane] = slot;
 }
 
+// Empty lists (column `lane`) and an empty queue, at the start of a warp's scan.
+__device__ __forceinline__ void lists_init(i32 (*ls)[32], u64 (*lk)[32], u32 (*lslot)[32],
+                                           u32* qn, u32 lane) {
+    for (u32 i = 0; i < KMAX; ++i) {
+        ls[i][lane] = INT_MIN_;
+        lk[i][lane] = ~0ull;
+        lslot[i][lane] = NO_SLOT;
+    }
+    if (lane == 0) *qn = 0;
+}
+
+// The initial floors of this lane's 8 accumulator columns: INT_MIN for the warp's nv real
+// queries, INT_MAX for padding (which never asks for the slow path).
+__device__ __forceinline__ void floors_init(i32 (&fl)[4][2], u32 nv, u32 t) {
+    for (u32 j = 0; j < 4; ++j)
+        for (u32 h = 0; h < 2; ++h) fl[j][h] = (8 * j + 2 * t + h < nv) ? INT_MIN_ : INT_MAX_;
+}
+
+// Lane `lane`'s list (k places, best first) to out_*[base ..].
+__device__ __forceinline__ void lists_write(i32 (*ls)[32], u64 (*lk)[32], u32 (*lslot)[32],
+                                            u32 lane, u32 k, u32 base, i32* __restrict__ out_s,
+                                            u64* __restrict__ out_k,
+                                            u32* __restrict__ out_slot) {
+    for (u32 i = 0; i < k; ++i) {
+        out_s[base + i] = ls[i][lane];
+        out_k[base + i] = lk[i][lane];
+        out_slot[base + i] = lslot[i][lane];
+    }
+}
+
 // One tile (fragment a; rows g and g + 8 of this lane are entries e0 and e1, live or not)
 // against the warp's 32 queries, of which the first nv are real: the mma per 8 queries, the
 // register-floor fast path, the candidate queue and the list inserts. Shared by topk_scan
@@ -184,23 +214,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
     const u32 parts = gridDim.x;
     const u32 part = blockIdx.x;
 
-    for (u32 i = 0; i < KMAX; ++i) {
-        ls[warp][i][lane] = INT_MIN_;
-        lk[warp][i][lane] = ~0ull;
-        lslot[warp][i][lane] = NO_SLOT;
-    }
-    if (lane == 0) qn[warp] = 0;
+    lists_init(ls[warp], lk[warp], lslot[warp], &qn[warp], lane);
     u32 b[4][2];
     for (u32 j = 0; j < 4; ++j) {
         b[j][0] = queries[(qb + 8 * j + g) * 8 + t];
         b[j][1] = queries[(qb + 8 * j + g) * 8 + 4 + t];
     }
     // The floors (k-th best score) of this lane's 8 accumulator columns, kept in registers:
-    // the lists change only in a drain, after which they are re-read. Padding queries get
-    // INT_MAX so that they never ask for the slow path.
+    // the lists change only in a drain, after which they are re-read.
     i32 fl[4][2];
-    for (u32 j = 0; j < 4; ++j)
-        for (u32 h = 0; h < 2; ++h) fl[j][h] = (8 * j + 2 * t + h < nv) ? INT_MIN_ : INT_MAX_;
+    floors_init(fl, nv, t);
     __syncwarp();
 
     const u32 t0 = part * part_tiles;
@@ -216,12 +239,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
                   lslot[warp], qe[warp], qs[warp], qq[warp], &qn[warp]);
     }
     if (qb + lane < nq) {
-        const u32 base = ((qb + lane) * parts + part) * k;
-        for (u32 i = 0; i < k; ++i) {
-            out_s[base + i] = ls[warp][i][lane];
-            out_k[base + i] = lk[warp][i][lane];
-            out_slot[base + i] = lslot[warp][i][lane];
-        }
+        lists_write(ls[warp], lk[warp], lslot[warp], lane, k, ((qb + lane) * parts + part) * k,
+                    out_s, out_k, out_slot);
     }
 }
 
@@ -266,12 +285,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
     const u32 my_q = item_q[item * 32 + lane];
     const u32 nv = __popc(__ballot_sync(FULL, my_q != NO_SLOT));
 
-    for (u32 i = 0; i < KMAX; ++i) {
-        ls[warp][i][lane] = INT_MIN_;
-        lk[warp][i][lane] = ~0ull;
-        lslot[warp][i][lane] = NO_SLOT;
-    }
-    if (lane == 0) qn[warp] = 0;
+    lists_init(ls[warp], lk[warp], lslot[warp], &qn[warp], lane);
     u32 b[4][2];
     for (u32 j = 0; j < 4; ++j) {
         const u32 q = item_q[item * 32 + 8 * j + g];
@@ -279,8 +293,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
         b[j][1] = (q != NO_SLOT) ? queries[q * 8 + 4 + t] : 0u;
     }
     i32 fl[4][2];
-    for (u32 j = 0; j < 4; ++j)
-        for (u32 h = 0; h < 2; ++h) fl[j][h] = (8 * j + 2 * t + h < nv) ? INT_MIN_ : INT_MAX_;
+    floors_init(fl, nv, t);
     __syncwarp();
 
     const u32 list = item_list[item];
@@ -299,12 +312,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
                   lslot[warp], qe[warp], qs[warp], qq[warp], &qn[warp]);
     }
     if (my_q != NO_SLOT) {
-        const u32 base = (my_q * nprobe + item_p[item * 32 + lane]) * k;
-        for (u32 i = 0; i < k; ++i) {
-            out_s[base + i] = ls[warp][i][lane];
-            out_k[base + i] = lk[warp][i][lane];
-            out_slot[base + i] = lslot[warp][i][lane];
-        }
+        lists_write(ls[warp], lk[warp], lslot[warp], lane, k,
+                    (my_q * nprobe + item_p[item * 32 + lane]) * k, out_s, out_k, out_slot);
     }
 }
 
