@@ -99,6 +99,15 @@ impl Lists {
         }
     }
 
+    /// `lists_write`: lane `lane`'s list to `out[base..]`.
+    fn write(&self, lane: usize, k: usize, base: usize, out: &mut Partials) {
+        for i in 0..k {
+            out.s[base + i] = self.s[i][lane];
+            out.k[base + i] = self.k[i][lane];
+            out.slot[base + i] = self.slot[i][lane];
+        }
+    }
+
     /// `list_insert` of the kernel.
     fn insert(&mut self, lane: usize, k: usize, s: i32, key: u64, slot: u32) {
         if !better(s, key, self.s[k - 1][lane], self.k[k - 1][lane]) {
@@ -310,11 +319,7 @@ impl EmuDevice {
                     continue;
                 }
                 let base = (iq[lane] as usize * nprobe + ip[lane] as usize) * k;
-                for i in 0..k {
-                    out.s[base + i] = lists.s[i][lane];
-                    out.k[base + i] = lists.k[i][lane];
-                    out.slot[base + i] = lists.slot[i][lane];
-                }
+                lists.write(lane, k, base, out);
             }
         }
     }
@@ -375,12 +380,7 @@ impl EmuDevice {
                         if qb + lane >= nq {
                             continue;
                         }
-                        let base = ((qb + lane) * parts + part) * k;
-                        for i in 0..k {
-                            out.s[base + i] = lists.s[i][lane];
-                            out.k[base + i] = lists.k[i][lane];
-                            out.slot[base + i] = lists.slot[i][lane];
-                        }
+                        lists.write(lane, k, ((qb + lane) * parts + part) * k, out);
                     }
                 }
             }
