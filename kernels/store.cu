@@ -16,6 +16,8 @@
 //   store_scatter  batched inserts / updates / clears (one thread a written slot)
 //   topk_scan      exact top-k of each (query, part of the store), int8 tensor cores
 //   topk_merge     per query, the top-k of its parts' lists (one warp a query)
+//   topk_scan_lists  the IVF scan: top-k over the probed inverted lists only (slot lists
+//                  into the same tiles, gathered), feeding topk_merge with parts = nprobe
 // Batched cohort assignment is topk_scan + topk_merge with k = 1 over the centroid store.
 //
 // The Rust file src/emu.rs executes these kernels lane by lane on the CPU (the parity
@@ -104,6 +106,85 @@ __device__ __forceinline__ void list_insert(i32 (*ls)[32], u64 (*lk)[32], u32 (*
     lslot[i][lane] = slot;
 }
 
+// Empty lists (column `lane`) and an empty queue, at the start of a warp's scan.
+__device__ __forceinline__ void lists_init(i32 (*ls)[32], u64 (*lk)[32], u32 (*lslot)[32],
+                                           u32* qn, u32 lane) {
+    for (u32 i = 0; i < KMAX; ++i) {
+        ls[i][lane] = INT_MIN_;
+        lk[i][lane] = ~0ull;
+        lslot[i][lane] = NO_SLOT;
+    }
+    if (lane == 0) *qn = 0;
+}
+
+// The initial floors of this lane's 8 accumulator columns: INT_MIN for the warp's nv real
+// queries, INT_MAX for padding (which never asks for the slow path).
+__device__ __forceinline__ void floors_init(i32 (&fl)[4][2], u32 nv, u32 t) {
+    for (u32 j = 0; j < 4; ++j)
+        for (u32 h = 0; h < 2; ++h) fl[j][h] = (8 * j + 2 * t + h < nv) ? INT_MIN_ : INT_MAX_;
+}
+
+// Lane `lane`'s list (k places, best first) to out_*[base ..].
+__device__ __forceinline__ void lists_write(i32 (*ls)[32], u64 (*lk)[32], u32 (*lslot)[32],
+                                            u32 lane, u32 k, u32 base, i32* __restrict__ out_s,
+                                            u64* __restrict__ out_k,
+                                            u32* __restrict__ out_slot) {
+    for (u32 i = 0; i < k; ++i) {
+        out_s[base + i] = ls[i][lane];
+        out_k[base + i] = lk[i][lane];
+        out_slot[base + i] = lslot[i][lane];
+    }
+}
+
+// One tile (fragment a; rows g and g + 8 of this lane are entries e0 and e1, live or not)
+// against the warp's 32 queries, of which the first nv are real: the mma per 8 queries, the
+// register-floor fast path, the candidate queue and the list inserts. Shared by topk_scan
+// and topk_scan_lists. b: this lane's B fragments; fl: its floors (registers).
+__device__ __forceinline__ void warp_tile(const Frag a, bool live0, bool live1, u32 e0, u32 e1,
+                                          const u32 (&b)[4][2], i32 (&fl)[4][2], u32 nv,
+                                          u32 lane, u32 t, u32 k, const u64* __restrict__ keys,
+                                          i32 (*ls)[32], u64 (*lk)[32], u32 (*lslot)[32],
+                                          u32* qe, i32* qs, u32* qq, u32* qn) {
+    for (u32 j = 0; j < 4; ++j) {
+        if (8 * j >= nv) break;  // whole warp
+        i32 c[4] = {0, 0, 0, 0};
+        mma_s8(c, a, b[j][0], b[j][1]);
+        // Fast path: no live score reaches its floor in the whole warp (the common case
+        // once the lists are full).
+        bool maybe = false;
+        for (u32 r = 0; r < 4; ++r) maybe |= ((r < 2) ? live0 : live1) && c[r] >= fl[j][r & 1];
+        if (!__any_sync(FULL, maybe)) continue;
+        for (u32 r = 0; r < 4; ++r) {
+            const u32 q = 8 * j + 2 * t + (r & 1);
+            const u32 e = (r < 2) ? e0 : e1;
+            const bool live = (r < 2) ? live0 : live1;
+            if (!live || q >= nv) continue;
+            const i32 floor_s = ls[k - 1][q];
+            if (c[r] < floor_s) continue;
+            if (c[r] == floor_s && keys[e] >= lk[k - 1][q]) continue;
+            const u32 at = atomicAdd(qn, 1u);
+            qe[at] = e;
+            qs[at] = c[r];
+            qq[at] = q;
+        }
+        __syncwarp();
+        const u32 n = *qn;
+        if (n != 0) {  // the same n in every lane
+            for (u32 p = 0; p < n; ++p) {
+                if (qq[p] != lane) continue;
+                const u32 e = qe[p];
+                list_insert(ls, lk, lslot, lane, k, qs[p], keys[e], e);
+            }
+            __syncwarp();
+            if (lane == 0) *qn = 0;
+            for (u32 jj = 0; jj < 4; ++jj)
+                for (u32 h = 0; h < 2; ++h)
+                    if (8 * jj + 2 * t + h < nv) fl[jj][h] = ls[k - 1][8 * jj + 2 * t + h];
+        }
+        __syncwarp();
+    }
+}
+
 // grid (parts, ceil(nq / (WARP_Q * WARPS))), block WARPS * 32. Warp w of block (p, y) holds
 // queries qb .. qb + 31 (qb = (y * WARPS + w) * WARP_Q; the query array is padded with zeros
 // to a multiple of WARP_Q) and scans the tiles of part p; lane L keeps query qb + L's list.
@@ -129,26 +210,20 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
     const u32 t = lane & 3;
     const u32 qb = (blockIdx.y * WARPS + warp) * WARP_Q;
     if (qb >= nq) return;  // whole warp
+    const u32 nv = (nq - qb < WARP_Q) ? nq - qb : WARP_Q;  // valid queries of the warp
     const u32 parts = gridDim.x;
     const u32 part = blockIdx.x;
 
-    for (u32 i = 0; i < KMAX; ++i) {
-        ls[warp][i][lane] = INT_MIN_;
-        lk[warp][i][lane] = ~0ull;
-        lslot[warp][i][lane] = NO_SLOT;
-    }
-    if (lane == 0) qn[warp] = 0;
+    lists_init(ls[warp], lk[warp], lslot[warp], &qn[warp], lane);
     u32 b[4][2];
     for (u32 j = 0; j < 4; ++j) {
         b[j][0] = queries[(qb + 8 * j + g) * 8 + t];
         b[j][1] = queries[(qb + 8 * j + g) * 8 + 4 + t];
     }
     // The floors (k-th best score) of this lane's 8 accumulator columns, kept in registers:
-    // the lists change only in a drain, after which they are re-read. Padding queries get
-    // INT_MAX so that they never ask for the slow path.
+    // the lists change only in a drain, after which they are re-read.
     i32 fl[4][2];
-    for (u32 j = 0; j < 4; ++j)
-        for (u32 h = 0; h < 2; ++h) fl[j][h] = (qb + 8 * j + 2 * t + h < nq) ? INT_MIN_ : INT_MAX_;
+    floors_init(fl, nv, t);
     __syncwarp();
 
     const u32 t0 = part * part_tiles;
@@ -160,54 +235,85 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
         const bool live1 = tenants[e1] == tenant && now < expires[e1];
         if (!__any_sync(FULL, live0 || live1)) continue;
         const Frag a = tiles[tile * 32 + lane];
-        for (u32 j = 0; j < 4; ++j) {
-            if (qb + 8 * j >= nq) break;  // whole warp
-            i32 c[4] = {0, 0, 0, 0};
-            mma_s8(c, a, b[j][0], b[j][1]);
-            // Fast path: no live score reaches its floor in the whole warp (the common case
-            // once the lists are full).
-            bool maybe = false;
-            for (u32 r = 0; r < 4; ++r)
-                maybe |= ((r < 2) ? live0 : live1) && c[r] >= fl[j][r & 1];
-            if (!__any_sync(FULL, maybe)) continue;
-            for (u32 r = 0; r < 4; ++r) {
-                const u32 q = 8 * j + 2 * t + (r & 1);
-                const u32 e = (r < 2) ? e0 : e1;
-                const bool live = (r < 2) ? live0 : live1;
-                if (!live || qb + q >= nq) continue;
-                const i32 floor_s = ls[warp][k - 1][q];
-                if (c[r] < floor_s) continue;
-                if (c[r] == floor_s && keys[e] >= lk[warp][k - 1][q]) continue;
-                const u32 at = atomicAdd(&qn[warp], 1u);
-                qe[warp][at] = e;
-                qs[warp][at] = c[r];
-                qq[warp][at] = q;
-            }
-            __syncwarp();
-            const u32 n = qn[warp];
-            if (n != 0) {  // the same n in every lane
-                for (u32 p = 0; p < n; ++p) {
-                    if (qq[warp][p] != lane) continue;
-                    const u32 e = qe[warp][p];
-                    list_insert(ls[warp], lk[warp], lslot[warp], lane, k, qs[warp][p], keys[e],
-                                e);
-                }
-                __syncwarp();
-                if (lane == 0) qn[warp] = 0;
-                for (u32 jj = 0; jj < 4; ++jj)
-                    for (u32 h = 0; h < 2; ++h)
-                        if (qb + 8 * jj + 2 * t + h < nq) fl[jj][h] = ls[warp][k - 1][8 * jj + 2 * t + h];
-            }
-            __syncwarp();
-        }
+        warp_tile(a, live0, live1, e0, e1, b, fl, nv, lane, t, k, keys, ls[warp], lk[warp],
+                  lslot[warp], qe[warp], qs[warp], qq[warp], &qn[warp]);
     }
     if (qb + lane < nq) {
-        const u32 base = ((qb + lane) * parts + part) * k;
-        for (u32 i = 0; i < k; ++i) {
-            out_s[base + i] = ls[warp][i][lane];
-            out_k[base + i] = lk[warp][i][lane];
-            out_slot[base + i] = lslot[warp][i][lane];
-        }
+        lists_write(ls[warp], lk[warp], lslot[warp], lane, k, ((qb + lane) * parts + part) * k,
+                    out_s, out_k, out_slot);
+    }
+}
+
+// Word `word` of the sketch in slot `slot` (tile order, as store_scatter writes it).
+__device__ __forceinline__ u32 slot_word(const u32* __restrict__ tiles, u32 slot, u32 word) {
+    return tiles[(slot / ROWS) * (ROWS * 8) + frag_word(slot % ROWS, word)];
+}
+
+// The IVF scan: only the entries of some inverted lists, for the queries that probe them.
+// The lists are slot numbers into the same tiles (no second copy of any sketch):
+// list_slots[list_off[l] .. list_off[l + 1]) holds list l, padded with NO_SLOT to whole tiles
+// of 16. Work item i (one warp) is list item_list[i] with up to 32 of the queries probing it:
+// item_q[i * 32 + L] (query index, NO_SLOT past the last one; the real ones come first) and
+// item_p[i * 32 + L] (the probe's rank for that query). Lane L gathers its A fragment
+// (rows g, g + 8; words t, t + 4) from the two slots and runs the same warp_tile as
+// topk_scan. grid (ceil(n_items / WARPS)), block WARPS * 32. Output: query q's list for its
+// probe p at ((q * nprobe) + p) * k, as topk_scan's parts, for topk_merge with
+// parts = nprobe; every (q, p) is in exactly one item.
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+    topk_scan_lists(const u32* __restrict__ tiles, const u64* __restrict__ keys,
+                    const u32* __restrict__ tenants, const u32* __restrict__ expires,
+                    const u32* __restrict__ list_off, const u32* __restrict__ list_slots,
+                    const u32* __restrict__ item_list, const u32* __restrict__ item_q,
+                    const u32* __restrict__ item_p, u32 n_items,
+                    const u32* __restrict__ queries, u32 nprobe, u32 tenant, u32 now, u32 k,
+                    i32* __restrict__ out_s, u64* __restrict__ out_k,
+                    u32* __restrict__ out_slot) {
+    __shared__ i32 ls[WARPS][KMAX][32];
+    __shared__ u64 lk[WARPS][KMAX][32];
+    __shared__ u32 lslot[WARPS][KMAX][32];
+    __shared__ u32 qe[WARPS][QUEUE];
+    __shared__ i32 qs[WARPS][QUEUE];
+    __shared__ u32 qq[WARPS][QUEUE];
+    __shared__ u32 qn[WARPS];
+
+    const u32 lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 g = lane >> 2;
+    const u32 t = lane & 3;
+    const u32 item = blockIdx.x * WARPS + warp;
+    if (item >= n_items) return;  // whole warp
+    const u32 my_q = item_q[item * 32 + lane];
+    const u32 nv = __popc(__ballot_sync(FULL, my_q != NO_SLOT));
+
+    lists_init(ls[warp], lk[warp], lslot[warp], &qn[warp], lane);
+    u32 b[4][2];
+    for (u32 j = 0; j < 4; ++j) {
+        const u32 q = item_q[item * 32 + 8 * j + g];
+        b[j][0] = (q != NO_SLOT) ? queries[q * 8 + t] : 0u;
+        b[j][1] = (q != NO_SLOT) ? queries[q * 8 + 4 + t] : 0u;
+    }
+    i32 fl[4][2];
+    floors_init(fl, nv, t);
+    __syncwarp();
+
+    const u32 list = item_list[item];
+    for (u32 at = list_off[list]; at < list_off[list + 1]; at += ROWS) {
+        const u32 e0 = list_slots[at + g];
+        const u32 e1 = list_slots[at + g + 8];
+        const bool live0 = e0 != NO_SLOT && tenants[e0] == tenant && now < expires[e0];
+        const bool live1 = e1 != NO_SLOT && tenants[e1] == tenant && now < expires[e1];
+        if (!__any_sync(FULL, live0 || live1)) continue;
+        Frag a;
+        a.x = (e0 != NO_SLOT) ? slot_word(tiles, e0, t) : 0u;
+        a.y = (e1 != NO_SLOT) ? slot_word(tiles, e1, t) : 0u;
+        a.z = (e0 != NO_SLOT) ? slot_word(tiles, e0, t + 4) : 0u;
+        a.w = (e1 != NO_SLOT) ? slot_word(tiles, e1, t + 4) : 0u;
+        warp_tile(a, live0, live1, e0, e1, b, fl, nv, lane, t, k, keys, ls[warp], lk[warp],
+                  lslot[warp], qe[warp], qs[warp], qq[warp], &qn[warp]);
+    }
+    if (my_q != NO_SLOT) {
+        lists_write(ls[warp], lk[warp], lslot[warp], lane, k,
+                    (my_q * nprobe + item_p[item * 32 + lane]) * k, out_s, out_k, out_slot);
     }
 }
 

@@ -65,4 +65,25 @@ pub trait Backend: Send {
     fn scratch_bytes(&self) -> u64;
     /// The device, for logs and the benchmark table.
     fn describe(&self) -> String;
+    /// Another backend on the same device with room for `slots` entries (the IVF index
+    /// keeps its centroids in one, scored by the exact kernels).
+    fn open_like(&self, slots: usize) -> Result<Self, DeviceError>
+    where
+        Self: Sized;
+    /// Hold the inverted lists (`crate::ivf::pack_lists`: offsets, slots padded to tiles),
+    /// replacing any before; empty slices drop them.
+    fn set_lists(&mut self, list_off: &[u32], list_slots: &[u32]) -> Result<(), DeviceError>;
+    /// Start the top-k of each query among the live entries of `tenant` in the lists it
+    /// probes (`items`: every (query, rank < nprobe) once); answers by `collect_top_k`.
+    fn submit_top_k_lists(
+        &mut self,
+        tenant: u32,
+        queries: &[SketchBytes],
+        items: &crate::ivf::ListItems,
+        k: usize,
+        nprobe: usize,
+        now_s: u32,
+    ) -> Result<(), DeviceError>;
+    /// Device memory held by the inverted lists.
+    fn index_bytes(&self) -> u64;
 }

@@ -3,11 +3,17 @@
 //! per call, device bytes per entry, and the fraction of the int8 tensor peak.
 
 use crate::parity::Rng;
-use cohort_batcher_core::store::{EntryMeta, SketchBytes, Store};
+use cohort_batcher_core::store::{EntryMeta, Hit, SketchBytes, Store};
 use std::time::{Duration, Instant};
 
 /// Dense int8 tensor-core peak of one H200 (SXM), operations per second.
 pub const H200_INT8_PEAK_OPS: f64 = 1.979e15;
+
+/// The fraction of the int8 peak that `qps` queries/s use when each query scores `scored`
+/// sketches (entries and centroids).
+pub fn peak_fraction(qps: f64, scored: f64) -> f64 {
+    qps * 2.0 * 32.0 * scored / H200_INT8_PEAK_OPS
+}
 
 /// Queries/s at which an exact scan of `entries` sketches would use the whole int8 peak
 /// (a multiply and an add per dimension and entry).
@@ -23,8 +29,13 @@ pub struct Workload {
 
 impl Workload {
     pub fn new(seed: u64) -> Workload {
+        Workload::with_centres(seed, 4096)
+    }
+
+    /// Sketches around `centres` centres.
+    pub fn with_centres(seed: u64, centres: usize) -> Workload {
         let mut rng = Rng(seed);
-        let centres = (0..4096).map(|_| rng.sketch()).collect();
+        let centres = (0..centres.max(1)).map(|_| rng.sketch()).collect();
         Workload { rng, centres }
     }
 
@@ -71,6 +82,22 @@ pub fn measure(
     budget: Duration,
     max_calls: usize,
 ) -> Measured {
+    let call = |qs: &[SketchBytes]| {
+        std::hint::black_box(store.top_k_batch(0, qs, k, 1));
+    };
+    measure_calls(&call, queries, batch, threads, budget, max_calls)
+}
+
+/// Time `call` on batches of `batch` queries from `threads` threads for about `budget` (at
+/// least one call a thread, at most `max_calls` in all).
+pub fn measure_calls(
+    call: &(dyn Fn(&[SketchBytes]) + Sync),
+    queries: &[SketchBytes],
+    batch: usize,
+    threads: usize,
+    budget: Duration,
+    max_calls: usize,
+) -> Measured {
     let started = Instant::now();
     let per_thread = max_calls.div_ceil(threads.max(1)).max(1);
     let lat: Vec<Vec<f64>> = std::thread::scope(|s| {
@@ -81,10 +108,9 @@ pub fn measure(
                     let mut at = t * batch;
                     while out.len() < per_thread && (out.is_empty() || started.elapsed() < budget) {
                         let from = at % (queries.len() - batch + 1);
-                        let call = Instant::now();
-                        let hits = store.top_k_batch(0, &queries[from..from + batch], k, 1);
-                        out.push(call.elapsed().as_secs_f64() * 1e3);
-                        std::hint::black_box(hits);
+                        let at_call = Instant::now();
+                        call(&queries[from..from + batch]);
+                        out.push(at_call.elapsed().as_secs_f64() * 1e3);
                         at += batch * threads.max(1) + 1;
                     }
                     out
@@ -109,4 +135,24 @@ pub fn measure(
         queries_per_s: (calls * batch) as f64 / wall,
         p99_ms: p99,
     }
+}
+
+/// Recall@k of `got` against `exact`, averaged over queries: the share of each exact answer's
+/// keys that `got` also returned (a query with an empty exact answer counts 1).
+pub fn recall(got: &[Vec<Hit>], exact: &[Vec<Hit>]) -> f64 {
+    let per: Vec<f64> = exact
+        .iter()
+        .zip(got)
+        .map(|(want, have)| {
+            if want.is_empty() {
+                return 1.0;
+            }
+            let found = want
+                .iter()
+                .filter(|w| have.iter().any(|h| h.key == w.key))
+                .count();
+            found as f64 / want.len() as f64
+        })
+        .collect();
+    per.iter().sum::<f64>() / per.len().max(1) as f64
 }

@@ -8,6 +8,7 @@
 //! panic inside cudarc), and [`open`] runs the whole opening under `catch_unwind`.
 
 use crate::backend::{Backend, DeviceError, RawHit, SlotWrite};
+use crate::ivf::ListItems;
 use crate::layout::{
     pack_queries, padded_slots, plan_scan, ScanPlan, DEVICE_BYTES_PER_ENTRY, NO_SLOT, ROWS, WARPS,
     WORDS,
@@ -96,6 +97,9 @@ struct Scratch {
     w_keys: CudaSlice<u64>,
     w_tenants: CudaSlice<u32>,
     w_expires: CudaSlice<u32>,
+    item_list: CudaSlice<u32>,
+    item_q: CudaSlice<u32>,
+    item_p: CudaSlice<u32>,
 }
 
 /// One GPU.
@@ -107,11 +111,16 @@ pub struct CudaDevice {
     scatter_fn: CudaFunction,
     scan_fn: CudaFunction,
     merge_fn: CudaFunction,
+    lists_fn: CudaFunction,
     tiles: CudaSlice<u32>,
     keys: CudaSlice<u64>,
     tenants: CudaSlice<u32>,
     expires: CudaSlice<u32>,
     slots: usize,
+    /// The inverted lists (`ivf::pack_lists`); `lists` is 0 without an index.
+    list_off: CudaSlice<u32>,
+    list_slots: CudaSlice<u32>,
+    lists: usize,
     scratch: Scratch,
     /// (queries, k) of the launch in flight.
     pending: Option<(usize, usize)>,
@@ -148,8 +157,12 @@ impl CudaDevice {
         };
         let module = ctx.load_module(compiled(arch)?).map_err(driver)?;
         let f = |name: &str| module.load_function(name).map_err(driver);
-        let (scatter_fn, scan_fn, merge_fn) =
-            (f("store_scatter")?, f("topk_scan")?, f("topk_merge")?);
+        let (scatter_fn, scan_fn, merge_fn, lists_fn) = (
+            f("store_scatter")?,
+            f("topk_scan")?,
+            f("topk_merge")?,
+            f("topk_scan_lists")?,
+        );
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver)? as usize;
@@ -170,6 +183,9 @@ impl CudaDevice {
             w_keys: stream.alloc_zeros::<u64>(1).map_err(driver)?,
             w_tenants: z32(1)?,
             w_expires: z32(1)?,
+            item_list: z32(1)?,
+            item_q: z32(1)?,
+            item_p: z32(1)?,
         };
         Ok(CudaDevice {
             ordinal,
@@ -180,11 +196,15 @@ impl CudaDevice {
             tenants: z32(slots)?,
             expires: z32(slots)?,
             slots,
+            list_off: z32(1)?,
+            list_slots: z32(1)?,
+            lists: 0,
             scratch,
             pending: None,
             scatter_fn,
             scan_fn,
             merge_fn,
+            lists_fn,
             stream,
         })
     }
@@ -196,6 +216,41 @@ impl CudaDevice {
     fn plan(&self, queries: usize) -> ScanPlan {
         plan_scan(self.n_tiles(), queries, self.sms)
     }
+
+    /// `topk_merge` of the per-part lists in scratch (`parts` × k a query) into the outputs.
+    fn launch_merge(&mut self, parts: usize, nq: usize, k: usize) -> Result<(), DeviceError> {
+        let (parts32, nq32, k32) = (u32_of(parts)?, u32_of(nq)?, u32_of(k)?);
+        let s = &mut self.scratch;
+        let mut b = self.stream.launch_builder(&self.merge_fn);
+        b.arg(&s.part_s)
+            .arg(&s.part_k)
+            .arg(&s.part_slot)
+            .arg(&parts32)
+            .arg(&nq32)
+            .arg(&k32)
+            .arg(&mut s.out_s)
+            .arg(&mut s.out_k)
+            .arg(&mut s.out_slot);
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of(nq.div_ceil(8))?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments match topk_merge; the partial buffers hold nq * parts * k and
+        // the outputs nq * k (grown by the caller).
+        unsafe { b.launch(cfg) }.map_err(driver)?;
+        Ok(())
+    }
+}
+
+/// Copy `host` into `buf` (grown as needed) on `st`.
+fn upload(st: &Arc<CudaStream>, buf: &mut CudaSlice<u32>, host: &[u32]) -> Result<(), DeviceError> {
+    grow(st, buf, host.len().max(1))?;
+    if !host.is_empty() {
+        st.memcpy_htod(host, &mut buf.slice_mut(0..host.len()))
+            .map_err(driver)?;
+    }
+    Ok(())
 }
 
 fn u32_of(n: usize) -> Result<u32, DeviceError> {
@@ -304,23 +359,7 @@ impl Backend for CudaDevice {
         // SAFETY: arguments match topk_scan; the query words are padded to WARP_Q queries
         // and the partial buffers hold nq * parts * k.
         unsafe { b.launch(cfg) }.map_err(driver)?;
-        let mut b = st.launch_builder(&self.merge_fn);
-        b.arg(&s.part_s)
-            .arg(&s.part_k)
-            .arg(&s.part_slot)
-            .arg(&parts32)
-            .arg(&nq32)
-            .arg(&k32)
-            .arg(&mut s.out_s)
-            .arg(&mut s.out_k)
-            .arg(&mut s.out_slot);
-        let cfg = LaunchConfig {
-            grid_dim: (u32_of(nq.div_ceil(8))?, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: arguments match topk_merge; outputs hold nq * k.
-        unsafe { b.launch(cfg) }.map_err(driver)?;
+        self.launch_merge(parts, nq, k)?;
         // `words` is pageable host memory: the copy has staged it before returning, so it
         // may be freed while the kernels run.
         self.pending = Some((nq, k));
@@ -374,7 +413,111 @@ impl Backend for CudaDevice {
             + s.w_words.num_bytes()
             + s.w_keys.num_bytes()
             + s.w_tenants.num_bytes()
-            + s.w_expires.num_bytes()) as u64
+            + s.w_expires.num_bytes()
+            + s.item_list.num_bytes()
+            + s.item_q.num_bytes()
+            + s.item_p.num_bytes()) as u64
+    }
+
+    fn open_like(&self, slots: usize) -> Result<CudaDevice, DeviceError> {
+        CudaDevice::open(self.ordinal, slots)
+    }
+
+    fn set_lists(&mut self, list_off: &[u32], list_slots: &[u32]) -> Result<(), DeviceError> {
+        if list_slots
+            .iter()
+            .any(|&e| e != NO_SLOT && e as usize >= self.slots)
+        {
+            return Err(DeviceError::Driver(
+                "a list slot is out of range".to_owned(),
+            ));
+        }
+        // Exact sizes (not grown), so that index_bytes is what the lists take.
+        let exact = |host: &[u32]| -> Result<CudaSlice<u32>, DeviceError> {
+            let mut buf = self
+                .stream
+                .alloc_zeros::<u32>(host.len().max(1))
+                .map_err(driver)?;
+            upload(&self.stream, &mut buf, host)?;
+            Ok(buf)
+        };
+        self.list_off = exact(list_off)?;
+        self.list_slots = exact(list_slots)?;
+        self.lists = list_off.len().saturating_sub(1);
+        Ok(())
+    }
+
+    fn submit_top_k_lists(
+        &mut self,
+        tenant: u32,
+        queries: &[SketchBytes],
+        items: &ListItems,
+        k: usize,
+        nprobe: usize,
+        now_s: u32,
+    ) -> Result<(), DeviceError> {
+        let nq = queries.len();
+        let n_items = items.list.len();
+        if self.lists == 0 || items.list.iter().any(|&l| l as usize >= self.lists) {
+            return Err(DeviceError::Driver(
+                "no inverted lists for this launch".to_owned(),
+            ));
+        }
+        let words = pack_queries(queries);
+        let st = &self.stream;
+        let s = &mut self.scratch;
+        upload(st, &mut s.queries, &words)?;
+        upload(st, &mut s.item_list, &items.list)?;
+        upload(st, &mut s.item_q, &items.q)?;
+        upload(st, &mut s.item_p, &items.p)?;
+        grow(st, &mut s.part_s, nq * nprobe * k)?;
+        grow(st, &mut s.part_k, nq * nprobe * k)?;
+        grow(st, &mut s.part_slot, nq * nprobe * k)?;
+        grow(st, &mut s.out_s, nq * k)?;
+        grow(st, &mut s.out_k, nq * k)?;
+        grow(st, &mut s.out_slot, nq * k)?;
+        let (n_items32, nprobe32, k32) = (u32_of(n_items)?, u32_of(nprobe)?, u32_of(k)?);
+        if n_items > 0 {
+            let mut b = st.launch_builder(&self.lists_fn);
+            b.arg(&self.tiles)
+                .arg(&self.keys)
+                .arg(&self.tenants)
+                .arg(&self.expires)
+                .arg(&self.list_off)
+                .arg(&self.list_slots)
+                .arg(&s.item_list)
+                .arg(&s.item_q)
+                .arg(&s.item_p)
+                .arg(&n_items32)
+                .arg(&s.queries)
+                .arg(&nprobe32)
+                .arg(&tenant)
+                .arg(&now_s)
+                .arg(&k32)
+                .arg(&mut s.part_s)
+                .arg(&mut s.part_k)
+                .arg(&mut s.part_slot);
+            let cfg = LaunchConfig {
+                grid_dim: (u32_of(n_items.div_ceil(WARPS))?, 1, 1),
+                block_dim: (u32_of(WARPS * 32)?, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: arguments match topk_scan_lists; every list index < lists (checked),
+            // every list slot < slots (checked in set_lists), items hold 32 entries each and
+            // cover every (query, rank < nprobe) once, so the partial buffers (nq * nprobe *
+            // k) are written in full.
+            unsafe { b.launch(cfg) }.map_err(driver)?;
+        }
+        self.launch_merge(nprobe, nq, k)?;
+        self.pending = Some((nq, k));
+        Ok(())
+    }
+
+    fn index_bytes(&self) -> u64 {
+        if self.lists == 0 {
+            return 0;
+        }
+        (self.list_off.num_bytes() + self.list_slots.num_bytes()) as u64
     }
 
     fn describe(&self) -> String {

@@ -5,6 +5,7 @@
 //! - [`mirror`]: the host mirror of a shard (slots, metadata, the CPU store's eviction);
 //! - [`store`]: [`GpuStore`], generic over a [`Backend`];
 //! - [`emu`]: the kernels of `kernels/store.cu` executed lane by lane on the CPU;
+//! - [`ivf`]: the approximate IVF path's host side (k-means, inverted lists, work items);
 //! - `cuda` (feature `cuda`): the CUDA backend (cudarc, NVRTC at open, dynamic loading);
 //! - [`open`]: choose the store (`cpu` | `gpu`), falling back to the CPU store with a reason;
 //! - [`parity`]: the parity suite (GPU store against the CPU store) run by the tests and by
@@ -17,6 +18,7 @@ pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod emu;
+pub mod ivf;
 pub mod layout;
 pub mod mirror;
 pub mod open;
@@ -25,4 +27,4 @@ pub mod store;
 
 pub use backend::{Backend, DeviceError};
 pub use open::{open_store, OpenedStore, StoreKind};
-pub use store::GpuStore;
+pub use store::{GpuStore, IvfSummary};

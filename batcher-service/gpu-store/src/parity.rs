@@ -351,3 +351,84 @@ fn large_batch(make: &mut dyn FnMut(CpuStoreConfig) -> Box<dyn Store>) -> Result
     }
     p.check_state()
 }
+
+/// The IVF path of a GPU store against the host computation over the same centroids and
+/// lists (`GpuStore::top_k_ivf_host`): same ids, scores and order, with no device error on
+/// the way (so the device path answered, not the fallback). Clustered entries of two
+/// tenants with expiries; k 1, 8, 16 (device) and 20 (host path); nprobe 1, 3 and 16
+/// (clamped to nlist); removes and inserts after the build (stale lists); and with every
+/// list probed, the exact answer of the CPU store. Returns a summary line.
+pub fn check_ivf<B: crate::Backend>(
+    make: &mut dyn FnMut(CpuStoreConfig) -> crate::GpuStore<B>,
+) -> Result<String, String> {
+    let cfg = config(4096, 4);
+    let store = make(cfg);
+    let cpu = CpuStore::new(cfg);
+    let mut work = crate::bench::Workload::with_centres(77, 40);
+    let mut keys = Vec::new();
+    let mut r = Rng(78);
+    for i in 0..3000u64 {
+        let key = r.next_u64() >> r.below(8);
+        let s = work.sketch();
+        let m = meta((i % 2) as u32, 20 + r.below(100) as u32, key);
+        store.upsert(key, &s, m, 0);
+        cpu.upsert(key, &s, m, 0);
+        keys.push(key);
+    }
+    let queries: Vec<SketchBytes> = (0..70).map(|_| work.sketch()).collect();
+    let (errors0, _) = store.errors();
+    let compare = |what: &str, tenant: u32, k: usize, nprobe: usize, now: u32| {
+        let got = store.top_k_ivf(tenant, &queries, k, nprobe, now);
+        let want = store
+            .top_k_ivf_host(tenant, &queries, k, nprobe, now)
+            .ok_or_else(|| format!("ivf {what}: no index"))?;
+        if got != want {
+            let q = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(format!(
+                "ivf {what}: tenant {tenant} k {k} nprobe {nprobe} now {now}: query {q}: got {:?}, want {:?}",
+                got[q], want[q]
+            ));
+        }
+        Ok(())
+    };
+    // Every list probed: the exact answer.
+    let small = store.build_ivf(8, 4, 1).map_err(|e| e.to_string())?;
+    if small.nlist != 8 || small.entries != 3000 {
+        return Err(format!("ivf: built {small:?}"));
+    }
+    for k in [1, 8, 16] {
+        let got = store.top_k_ivf(0, &queries, k, 16, 50);
+        if got != cpu.top_k_batch(0, &queries, k, 50) {
+            return Err(format!(
+                "ivf: all 8 lists probed, k {k}: not the exact answer"
+            ));
+        }
+        compare("all lists", 1, k, 8, 50)?;
+    }
+    let built = store.build_ivf(24, 5, 2).map_err(|e| e.to_string())?;
+    for (tenant, k, nprobe, now) in [
+        (0, 8, 1, 0),
+        (0, 8, 3, 60),
+        (1, 1, 3, 60),
+        (1, 16, 16, 30),
+        (0, 20, 3, 60),
+    ] {
+        compare("clustered", tenant, k, nprobe, now)?;
+    }
+    for (i, &key) in keys.iter().enumerate().step_by(7) {
+        store.remove(key);
+        if i % 2 == 0 {
+            store.upsert(key ^ 1, &work.sketch(), meta(0, 200, key ^ 1), 0);
+        }
+    }
+    compare("after churn", 0, 8, 3, 10)?;
+    compare("after churn", 1, 16, 5, 10)?;
+    let (errors, last) = store.errors();
+    if errors != errors0 {
+        return Err(format!("ivf: device errors: {last:?}"));
+    }
+    Ok(format!(
+        "ivf parity: PASS (nlist {}, {} entries, largest list {}, index {} device B)",
+        built.nlist, built.entries, built.largest_list, built.index_bytes
+    ))
+}

@@ -1,11 +1,14 @@
 //! The real `kernels/store.cu`, compiled as C++ by g++ over `kernels/warp_sim.h` (one thread
 //! per CUDA thread, warp collectives through a barrier, `mma.sync` by its PTX fragment
 //! layout), run on random, tied, multi-tenant and expiring entries over several parts and
-//! two warps of queries: its answers must equal the reference top-k. This checks the CUDA
+//! two warps of queries: its answers must equal the reference top-k. The same run then
+//! scans random inverted lists (`topk_scan_lists`, 3 probes a query, lists longer than one
+//! tile, items of several warps) and must equal the reference top-k over the probed lists. This checks the CUDA
 //! source itself (syntax, indexing, warp synchronisation) without a GPU; skipped with a
 //! message where g++ is missing.
 
 use cohort_batcher_core::store::{reference_top_k, EntryMeta, SketchBytes};
+use cohort_gpu_store::ivf::{pack_lists, plan_items};
 use cohort_gpu_store::layout::{pack_words, plan_scan, ROWS};
 use cohort_gpu_store::parity::Rng;
 use std::io::Write;
@@ -73,6 +76,45 @@ fn run(
         }
         input.push('\n');
     }
+    // Inverted lists: every slot (empty ones too) in one of LISTS random lists; each query
+    // probes NPROBE distinct lists.
+    const LISTS: usize = 10;
+    const NPROBE: usize = 3;
+    let mut r = Rng(slots as u64 ^ k as u64);
+    let mut members = vec![Vec::new(); LISTS];
+    for slot in 0..slots as u32 {
+        members[r.below(LISTS as u64) as usize].push(slot);
+    }
+    let probes: Vec<Vec<u32>> = queries
+        .iter()
+        .map(|_| {
+            let mut p: Vec<u32> = Vec::new();
+            while p.len() < NPROBE {
+                let l = r.below(LISTS as u64) as u32;
+                if !p.contains(&l) {
+                    p.push(l);
+                }
+            }
+            p
+        })
+        .collect();
+    let (off, lslots) = pack_lists(&members);
+    let lens: Vec<usize> = members.iter().map(Vec::len).collect();
+    let items = plan_items(&probes, &lens);
+    let join = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
+    input += &format!(
+        "{LISTS} {}\n{}\n{}\n",
+        lslots.len(),
+        join(&off),
+        join(&lslots)
+    );
+    input += &format!(
+        "{NPROBE} {}\n{}\n{}\n{}\n",
+        items.list.len(),
+        join(&items.list),
+        join(&items.q),
+        join(&items.p)
+    );
     let mut child = Command::new(bin)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -90,10 +132,48 @@ fn run(
     assert!(out.status.success(), "simulator failed: {}", out.status);
     let text = String::from_utf8(out.stdout).expect("utf-8");
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), queries.len());
-    for (q, line) in queries.iter().zip(lines) {
+    assert_eq!(lines.len(), 2 * queries.len() + 1);
+    assert_eq!(lines[queries.len()], "--");
+    check(
+        entries,
+        queries,
+        &lines[..queries.len()],
+        k,
+        tenant,
+        now,
+        |_, _| true,
+    );
+    check(
+        entries,
+        queries,
+        &lines[queries.len() + 1..],
+        k,
+        tenant,
+        now,
+        |q, slot| {
+            probes[q]
+                .iter()
+                .any(|&l| members[l as usize].contains(&slot))
+        },
+    );
+}
+
+/// Each output line against `reference_top_k` over the entries that `scanned(query, slot)`.
+fn check(
+    entries: &[Entry],
+    queries: &[SketchBytes],
+    lines: &[&str],
+    k: usize,
+    tenant: u32,
+    now: u32,
+    scanned: impl Fn(usize, u32) -> bool,
+) {
+    for (qi, (q, line)) in queries.iter().zip(lines).enumerate() {
         let want = reference_top_k(
-            entries.iter().map(|e| (e.key, &e.sketch, e.meta)),
+            entries
+                .iter()
+                .filter(|e| scanned(qi, e.slot))
+                .map(|e| (e.key, &e.sketch, e.meta)),
             tenant,
             q,
             k,
@@ -120,7 +200,7 @@ fn run(
                 (h.score, h.key, slot)
             })
             .collect();
-        assert_eq!(got, want, "k {k} tenant {tenant} now {now}");
+        assert_eq!(got, want, "k {k} tenant {tenant} now {now} query {qi}");
     }
 }
 

@@ -6,7 +6,7 @@
 
 use cohort_batcher_core::store::cpu::Capacity;
 use cohort_batcher_core::store::{CpuStore, CpuStoreConfig, SketchBytes, Store};
-use cohort_gpu_store::bench::{measure, peak_qps, Workload};
+use cohort_gpu_store::bench::{measure, measure_calls, peak_fraction, peak_qps, recall, Workload};
 use cohort_gpu_store::{cuda, parity};
 use std::time::{Duration, Instant};
 
@@ -86,6 +86,20 @@ fn main() {
             std::process::exit(1);
         }
     }
+    let mut open_gpu = |cfg: CpuStoreConfig| match cuda::open(cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            println!("gpu-check: opening the GPU store failed: {e}");
+            std::process::exit(2);
+        }
+    };
+    match parity::check_ivf(&mut open_gpu) {
+        Ok(line) => println!("{line}"),
+        Err(e) => {
+            println!("parity: FAIL {e}");
+            std::process::exit(1);
+        }
+    }
     if args.parity_only {
         return;
     }
@@ -156,12 +170,16 @@ fn main() {
                 );
             }
         }
+        ivf_rows(&gpu, &queries, n, &args, budget);
         let (errors, last) = gpu.errors();
         if errors > 0 {
             println!("gpu-check: {errors} device errors (last: {last:?}); those queries were answered on the host");
             std::process::exit(1);
         }
     }
+    println!(
+        "IVF goal (issue 6): ≥ 20 M queries/s at recall@8 ≥ 0.95 against the exact GPU scan, ≤ 64 device B/entry"
+    );
     println!(
         "\nint8 peak taken as {:.0} TOPS (H200 dense); exact top-8 cap at 5 M entries: {:.2} M queries/s",
         cohort_gpu_store::bench::H200_INT8_PEAK_OPS / 1e12,
@@ -171,4 +189,61 @@ fn main() {
         "gpu-check: done in {:.0} s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// The IVF rows of one size: build the index (nlist ≈ entries / 1,024), then per nprobe the
+/// recall@8 of 2,048 queries against the exact GPU scan, the scanned fraction, and per
+/// batch size queries/s, p99, and the fraction of the int8 peak for the work done
+/// (centroids plus scanned entries).
+fn ivf_rows<B: cohort_gpu_store::Backend>(
+    gpu: &cohort_gpu_store::GpuStore<B>,
+    queries: &[SketchBytes],
+    n: usize,
+    args: &Args,
+    budget: Duration,
+) {
+    let nlist = (n / 1024).clamp(64, 8192);
+    let built_at = Instant::now();
+    let built = match gpu.build_ivf(nlist, 6, 1) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("gpu-check: building the IVF index failed: {e}");
+            std::process::exit(1);
+        }
+    };
+    let (entry_bytes, _) = gpu.device_bytes();
+    let held = gpu.stats().entries.max(1) as f64;
+    let per_entry = (entry_bytes + built.index_bytes) as f64 / held;
+    println!(
+        "\nIVF at {n} entries: nlist {}, k-means sample {}, largest list {}, index {:.1} MB ({:.2} B/entry; {per_entry:.1} device B/entry in all), built in {:.1} s",
+        built.nlist,
+        built.sample,
+        built.largest_list,
+        built.index_bytes as f64 / 1e6,
+        built.index_bytes as f64 / held,
+        built_at.elapsed().as_secs_f64()
+    );
+    let probe_qs = &queries[..2048];
+    let exact = gpu.top_k_batch(0, probe_qs, 8, 1);
+    println!("| store | entries | nprobe | batch | calls | queries/s | p99 ms/call | recall@8 | scanned | device B/entry | fraction of int8 peak (work done) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for nprobe in [1, 4] {
+        let r = recall(&gpu.top_k_ivf(0, probe_qs, 8, nprobe, 1), &exact);
+        let scanned = gpu.ivf_scanned_fraction(probe_qs, nprobe).unwrap_or(1.0);
+        let scored = scanned * held + built.nlist as f64;
+        for &batch in &args.batches {
+            let call = |qs: &[SketchBytes]| {
+                std::hint::black_box(gpu.top_k_ivf(0, qs, 8, nprobe, 1));
+            };
+            let m = measure_calls(&call, queries, batch, 1, budget, 100_000);
+            println!(
+                "| gpu (ivf) | {n} | {nprobe} | {batch} | {} | {:.0} | {:.3} | {r:.4} | {:.3}% | {per_entry:.1} | {:.2}% |",
+                m.calls,
+                m.queries_per_s,
+                m.p99_ms,
+                100.0 * scanned,
+                100.0 * peak_fraction(m.queries_per_s, scored)
+            );
+        }
+    }
 }
