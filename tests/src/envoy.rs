@@ -74,6 +74,11 @@ impl Envoy {
         panic!("envoy not ready after 30 s:\n{}", self.log());
     }
 
+    /// The process id (for `/proc` samples).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Envoy's own log (warnings and errors).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default()

@@ -9,7 +9,9 @@
 //! - [`chromium`]: headless Chromium over the DevTools protocol, for the inspector page;
 //! - [`llama`]: a real llama.cpp `llama-server` replica (Gemma 3 270M);
 //! - [`config`]: load `istio/envoy/*.yaml` and point it at test ports and the built filter;
-//! - [`client`]: a minimal HTTP/1.1 client over a raw socket, so tests control every byte.
+//! - [`client`]: a minimal HTTP/1.1 client over a raw socket, so tests control every byte;
+//! - [`load`]: closed-loop load with a unique id per request, outcomes kept for windows;
+//! - [`procstat`]: a process's RSS and open file descriptors from `/proc`.
 
 pub mod batcher;
 pub mod chromium;
@@ -17,6 +19,8 @@ pub mod client;
 pub mod config;
 pub mod envoy;
 pub mod llama;
+pub mod load;
+pub mod procstat;
 pub mod upstream;
 
 use std::path::PathBuf;

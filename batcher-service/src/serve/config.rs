@@ -248,6 +248,10 @@ pub struct ServeConfig {
     pub ui_assets: Option<PathBuf>,
     /// Seconds to let in-flight calls finish after SIGTERM before exiting.
     pub drain_s: u64,
+    /// Milliseconds after SIGTERM during which everything keeps serving while health
+    /// checks answer 503 and front answers close their connections, so proxies move away
+    /// before the listeners close.
+    pub drain_delay_ms: u64,
 }
 
 impl Default for ServeConfig {
@@ -266,6 +270,7 @@ impl Default for ServeConfig {
             ui_assets: None,
             salt_secret: String::new(),
             drain_s: 10,
+            drain_delay_ms: 4000,
         }
     }
 }
@@ -306,6 +311,9 @@ pub struct ServeArgs {
     /// Balance bound (see the policy).
     #[arg(long, env = "COHORT_BALANCE")]
     pub balance: Option<f64>,
+    /// Milliseconds to keep serving after SIGTERM while health checks answer 503.
+    #[arg(long, env = "COHORT_DRAIN_DELAY_MS")]
+    pub drain_delay_ms: Option<u64>,
 }
 
 /// Why the configuration was refused.
@@ -388,6 +396,9 @@ impl ServeConfig {
         }
         if let Some(balance) = args.balance {
             config.policy.balance = balance;
+        }
+        if let Some(delay) = args.drain_delay_ms {
+            config.drain_delay_ms = delay;
         }
         config.validate()?;
         Ok(config)
@@ -528,7 +539,7 @@ mod tests {
         let path = dir.join("serve.toml");
         std::fs::write(
             &path,
-            "grpc_listen = \"127.0.0.1:7000\"\nshard_count = 2\n[[replicas]]\nname = \"a\"\n[policy]\nbalance = 1.5\nkv_blocks_per_replica = 10\n",
+            "grpc_listen = \"127.0.0.1:7000\"\nshard_count = 2\ndrain_delay_ms = 500\n[[replicas]]\nname = \"a\"\n[policy]\nbalance = 1.5\nkv_blocks_per_replica = 10\n",
         )
         .unwrap();
         let mut a = args(&[]);
@@ -538,10 +549,14 @@ mod tests {
         assert_eq!(config.policy.kv_blocks_per_replica, 10);
         assert_eq!(config.policy.balance, 1.5);
         assert_eq!(config.shard_index, 1, "from the StatefulSet ordinal");
+        assert_eq!(config.drain_delay_ms, 500);
+        assert_eq!(ServeConfig::default().drain_delay_ms, 4000);
         a.replicas = vec!["x".into(), "y".into()];
         a.grpc_listen = Some("127.0.0.1:7001".parse().unwrap());
         a.shard_index = Some(0);
+        a.drain_delay_ms = Some(250);
         let config = ServeConfig::load(&a, Some("cohort-batcher-1")).unwrap();
+        assert_eq!(config.drain_delay_ms, 250);
         assert_eq!(config.grpc_listen.port(), 7001);
         assert_eq!(config.replicas.len(), 2);
         assert_eq!(config.shard_index, 0);
