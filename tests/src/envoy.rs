@@ -101,6 +101,21 @@ impl Envoy {
     }
 }
 
+impl Envoy {
+    /// Waits until stat `name` reaches `at_least` (e.g. a cluster's `membership_healthy`
+    /// after its first health checks); returns whether it did within `timeout`.
+    pub fn wait_for_stat(&self, name: &str, at_least: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.stat(name) < at_least {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        true
+    }
+}
+
 impl Drop for Envoy {
     fn drop(&mut self) {
         let pid = self.child.id().to_string();

@@ -76,6 +76,12 @@ fn stack(extra_args: Vec<String>) -> Stack {
             .to_string(),
     );
     let envoy = Envoy::start(&config, admin, listen);
+    // The front and the three replicas behind it passed their first health check.
+    assert!(envoy.wait_for_stat(
+        "cluster.cohort-front-0.membership_healthy",
+        4,
+        Duration::from_secs(10)
+    ));
     Stack {
         engines,
         batcher,
