@@ -45,3 +45,11 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("bind an ephemeral port on loopback")
 }
+
+/// Serialises the tests of one test binary that take the whole machine (load at
+/// saturation, real engines, latency claims): hold the guard for the test's duration.
+/// Tests in a binary otherwise run in parallel, one per core.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -20,8 +20,8 @@ use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, post_stream, Response};
 use cohort_tests::config::{self, set_endpoints, set_filter, set_ports, set_priority_endpoints};
 use cohort_tests::envoy::Envoy;
-use cohort_tests::free_port;
 use cohort_tests::llama::Llama;
+use cohort_tests::{free_port, one_at_a_time};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -130,6 +130,8 @@ fn slowest(answers: &[(Response, Duration)]) -> Duration {
 
 #[test]
 fn a_replica_killed_under_affinity_routing_fails_nothing_and_its_keys_move() {
+    // One at a time: each runs two llama.cpp replicas on the two CI cores.
+    let _alone = one_at_a_time();
     let mut replicas = vec![Some(Llama::start(2)), Some(Llama::start(2))];
     let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
     let mut config = config::load("affinity");
@@ -210,6 +212,8 @@ fn a_replica_killed_under_affinity_routing_fails_nothing_and_its_keys_move() {
 
 #[test]
 fn a_replica_killed_under_the_batch_front_fails_nothing_and_new_requests_avoid_it() {
+    // One at a time: each runs two llama.cpp replicas on the two CI cores.
+    let _alone = one_at_a_time();
     let mut replicas = vec![Some(Llama::start(2)), Some(Llama::start(2))];
     let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
     let batcher = Batcher::start(BatcherSpec {

@@ -18,10 +18,10 @@
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::config::{self, set_endpoints, set_filter, set_ports, set_priority_endpoints};
 use cohort_tests::envoy::Envoy;
-use cohort_tests::free_port;
 use cohort_tests::load::{self, percentile, reconcile, window, Outcome, Plan, ID_HEADER};
 use cohort_tests::procstat::{self, Sample};
 use cohort_tests::upstream::Upstream;
+use cohort_tests::{free_port, one_at_a_time};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -165,6 +165,8 @@ fn soak_seconds() -> u64 {
 
 #[test]
 fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
+    // One at a time: each saturates the machine.
+    let _alone = one_at_a_time();
     let stack = stack(Vec::new());
     let seconds = soak_seconds();
     // A quarter of the run (5–30 s) warms up: pools, the store, the cohorts, allocators.
@@ -261,6 +263,8 @@ fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
 
 #[test]
 fn sigterm_under_saturation_drains_without_failing_or_losing_a_request() {
+    // One at a time: each saturates the machine.
+    let _alone = one_at_a_time();
     let mut stack = stack(vec!["--drain-delay-ms".into(), "1500".into()]);
     let stop = AtomicBool::new(false);
     let (outcomes, signalled, exited, status) = std::thread::scope(|scope| {
