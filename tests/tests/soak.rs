@@ -181,10 +181,11 @@ fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
                 &stop,
             )
         });
-        // One sample of both processes a second while the load runs.
+        // One sample of both processes a second (on a fixed schedule) while the load runs.
         let mut samples: Vec<(Duration, Sample, Sample)> = Vec::new();
-        while started.elapsed() < Duration::from_secs(seconds) {
-            std::thread::sleep(Duration::from_secs(1));
+        for tick in 1..=seconds {
+            let due = started + Duration::from_secs(tick);
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
             let (Some(envoy), Some(batcher)) =
                 (procstat::sample(envoy_pid), procstat::sample(batcher_pid))
             else {
@@ -197,7 +198,7 @@ fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
     });
     let elapsed = started.elapsed().as_secs_f64();
     assert!(
-        samples.len() as u64 >= seconds - 2,
+        samples.len() as u64 == seconds,
         "both processes alive throughout: {} samples",
         samples.len()
     );
@@ -231,7 +232,14 @@ fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
         "envoy: after warm-up ({:?}) {}, end ({:?}) {}",
         warm.0, warm.1, end.0, end.1
     );
-    println!("cohort serve: after warm-up {}, end {}", warm.2, end.2);
+    println!(
+        "cohort serve: after warm-up {}, end {}; store {} entries ({} bytes), {} cohorts",
+        warm.2,
+        end.2,
+        stack.batcher.metric("cohort_store_entries"),
+        stack.batcher.metric("cohort_store_bytes"),
+        stack.batcher.metric("cohort_cohorts"),
+    );
     for (t, envoy, batcher) in samples.iter().step_by((samples.len() / 10).max(1)) {
         println!(
             "  {:>5.0} s  envoy {envoy}  cohort serve {batcher}",
