@@ -240,9 +240,18 @@ impl Context for CohortHttp {
         } = *pending;
         let shared = Rc::clone(&self.shared);
         let stats = shared.stats.as_ref();
+        let elapsed_us = self.elapsed_us(started);
         if let Some(stats) = stats {
-            stats.record(stats.assign_us, self.elapsed_us(started));
+            stats.record(stats.assign_us, elapsed_us);
         }
+        let deadline_us = shared
+            .config
+            .as_ref()
+            .map_or(u64::MAX, |c| c.assign_deadline_ms * 1000);
+        // Envoy arms its timers from the event loop's cached time, so a busy loop fires
+        // them early by a few milliseconds: three quarters of the deadline counts as all
+        // of it (a batcher that is down fails within a millisecond).
+        let took_the_deadline = elapsed_us.saturating_mul(4) >= deadline_us.saturating_mul(3);
         let reply = if status_code == 0 {
             let bytes = hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, response_size)
                 .ok()
@@ -252,7 +261,10 @@ impl Context for CohortHttp {
                 debug!("cohort: {e}");
                 "error"
             })
-        } else if status_code == GRPC_DEADLINE_EXCEEDED {
+        } else if status_code == GRPC_DEADLINE_EXCEEDED || took_the_deadline {
+            // Envoy reports its own Assign timeout as DEADLINE_EXCEEDED; any other failure
+            // that took the whole deadline is a timeout too (a frozen or overloaded
+            // batcher), not an error.
             Err("timeout")
         } else {
             debug!("cohort: Assign failed with grpc status {status_code}");

@@ -1,6 +1,7 @@
 //! A real `cohort serve` process for one test: started on given ports, ready when its
-//! `/readyz` answers 200, read through `/metrics`, stopped with SIGTERM, or killed with
-//! SIGKILL to test what the filter does when the batcher vanishes.
+//! `/readyz` answers 200, read through `/metrics`, stopped with SIGTERM, killed with
+//! SIGKILL to test what the filter does when the batcher vanishes, or frozen with SIGSTOP
+//! (and thawed with SIGCONT) to test a batcher that is there but does not answer.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -134,6 +135,31 @@ impl Batcher {
             .unwrap_or(0.0)
     }
 
+    /// The process id while it runs (for `/proc` samples).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGSTOP: the batcher freezes; its sockets stay open and nothing answers.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`Batcher::freeze`].
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(pid) = self.pid() {
+            let status = Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill {signal} {pid}");
+        }
+    }
+
     /// SIGKILL: the batcher vanishes without a goodbye.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -150,10 +176,8 @@ impl Batcher {
 
     /// SIGTERM and wait: the graceful path.
     pub fn terminate(&mut self) -> Option<ExitStatus> {
+        self.signal("-TERM");
         let mut child = self.child.take()?;
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = child.try_wait() {

@@ -43,6 +43,65 @@ pub fn send_paced(port: u16, pieces: &[&[u8]], pause: Duration) -> std::io::Resu
     read_response(&mut BufReader::new(stream))
 }
 
+/// A keep-alive connection for load runs: requests go one after another on one socket,
+/// which is opened when needed and dropped after an error or a `connection: close`
+/// answer. A request that fails is not retried: the caller counts it.
+pub struct Connection {
+    port: u16,
+    stream: Option<BufReader<TcpStream>>,
+    /// Sockets opened so far.
+    pub opened: usize,
+}
+
+impl Connection {
+    pub fn new(port: u16) -> Connection {
+        Connection {
+            port,
+            stream: None,
+            opened: 0,
+        }
+    }
+
+    /// POSTs a JSON body with extra headers and reads the whole response.
+    pub fn post_json(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> std::io::Result<Response> {
+        if self.stream.is_none() {
+            let stream = TcpStream::connect(("127.0.0.1", self.port))?;
+            stream.set_nodelay(true)?;
+            stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+            self.stream = Some(BufReader::new(stream));
+            self.opened += 1;
+        }
+        let mut raw = format!(
+            "POST {path} HTTP/1.1\r\nhost: cohort.test\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+            body.len()
+        );
+        for (name, value) in headers {
+            raw.push_str(&format!("{name}: {value}\r\n"));
+        }
+        raw.push_str("\r\n");
+        let mut bytes = raw.into_bytes();
+        bytes.extend_from_slice(body);
+        let reader = self.stream.as_mut().expect("connected above");
+        let result = reader
+            .get_mut()
+            .write_all(&bytes)
+            .and_then(|()| read_response(reader));
+        let keep = result.as_ref().is_ok_and(|r| {
+            !r.header("connection")
+                .is_some_and(|v| v.eq_ignore_ascii_case("close"))
+        });
+        if !keep {
+            self.stream = None;
+        }
+        result
+    }
+}
+
 /// A request with `content-length` and `connection: close`.
 pub fn request(
     port: u16,

@@ -80,6 +80,11 @@ impl Envoy {
         panic!("envoy not ready after 30 s:\n{}", self.log());
     }
 
+    /// The process id (for `/proc` samples).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Envoy's own log (at the level it was started with).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default()
@@ -99,6 +104,21 @@ impl Envoy {
                 (n == name).then(|| v.trim().parse().ok()).flatten()
             })
             .unwrap_or(0)
+    }
+}
+
+impl Envoy {
+    /// Waits until stat `name` reaches `at_least` (e.g. a cluster's `membership_healthy`
+    /// after its first health checks); returns whether it did within `timeout`.
+    pub fn wait_for_stat(&self, name: &str, at_least: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.stat(name) < at_least {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        true
     }
 }
 

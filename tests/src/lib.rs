@@ -11,6 +11,8 @@
 //! - [`config`]: load `istio/envoy/*.yaml` and point it at test ports and the built filter;
 //! - [`client`]: a minimal HTTP/1.1 client over a raw socket, so tests control every byte;
 //! - [`h2`]: an HTTP/2 cleartext (prior knowledge) client with raw header values and paced bodies.
+//! - [`load`]: closed-loop load with a unique id per request, outcomes kept for windows;
+//! - [`procstat`]: a process's RSS and open file descriptors from `/proc`.
 
 pub mod batcher;
 pub mod chromium;
@@ -19,6 +21,8 @@ pub mod config;
 pub mod envoy;
 pub mod h2;
 pub mod llama;
+pub mod load;
+pub mod procstat;
 pub mod upstream;
 
 use std::path::PathBuf;
@@ -42,4 +46,12 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("bind an ephemeral port on loopback")
+}
+
+/// Serialises the tests of one test binary that take the whole machine (load at
+/// saturation, real engines, latency claims): hold the guard for the test's duration.
+/// Tests in a binary otherwise run in parallel, one per core.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -1,6 +1,8 @@
 //! Upstream HTTP servers that record every request they receive (HTTP/1.1 and h2c), so a
 //! test can check what reached the upstream byte for byte and which upstream it was.
 //! Each answers 200 with `{"upstream": NAME, "bytes": BODY_LEN}` and `x-upstream: NAME`.
+//! For long load runs, [`Upstream::counting`] keeps only each request's numeric id (one
+//! header) instead of the whole request, so memory stays small over minutes.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -9,6 +11,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One request as the upstream received it.
@@ -27,21 +30,50 @@ impl Received {
     }
 }
 
+/// What an upstream keeps of each request.
+enum Log {
+    /// Everything ([`Received`]).
+    Full(Mutex<Vec<Received>>),
+    /// The value of one header, parsed as a number; requests without it only counted.
+    Ids {
+        header: String,
+        ids: Mutex<Vec<u64>>,
+        others: AtomicUsize,
+    },
+}
+
 /// A recording upstream on a free loopback port; stops when dropped.
 pub struct Upstream {
     pub name: String,
     pub port: u16,
-    received: Arc<Mutex<Vec<Received>>>,
+    received: Arc<Log>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Upstream {
     pub fn start(name: &str) -> Upstream {
+        Upstream::spawn(name, Log::Full(Mutex::new(Vec::new())))
+    }
+
+    /// An upstream that keeps only the numeric value of header `header` of each request
+    /// (see [`Upstream::ids`]) and counts the requests without it.
+    pub fn counting(name: &str, header: &str) -> Upstream {
+        Upstream::spawn(
+            name,
+            Log::Ids {
+                header: header.to_owned(),
+                ids: Mutex::new(Vec::new()),
+                others: AtomicUsize::new(0),
+            },
+        )
+    }
+
+    fn spawn(name: &str, log: Log) -> Upstream {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
-        let received = Arc::new(Mutex::new(Vec::new()));
+        let received = Arc::new(log);
         let (shutdown, mut stop) = tokio::sync::oneshot::channel::<()>();
         let (log, upstream_name) = (Arc::clone(&received), name.to_owned());
         let thread = std::thread::spawn(move || {
@@ -78,13 +110,30 @@ impl Upstream {
         }
     }
 
-    /// Everything received so far.
+    /// Everything received so far (empty for a [`Upstream::counting`] one).
     pub fn received(&self) -> Vec<Received> {
-        self.received.lock().unwrap().clone()
+        match &*self.received {
+            Log::Full(all) => all.lock().unwrap().clone(),
+            Log::Ids { .. } => Vec::new(),
+        }
     }
 
+    /// Requests received so far.
     pub fn count(&self) -> usize {
-        self.received.lock().unwrap().len()
+        match &*self.received {
+            Log::Full(all) => all.lock().unwrap().len(),
+            Log::Ids { ids, others, .. } => {
+                ids.lock().unwrap().len() + others.load(Ordering::Relaxed)
+            }
+        }
+    }
+
+    /// A counting upstream's ids, in arrival order (duplicates kept).
+    pub fn ids(&self) -> Vec<u64> {
+        match &*self.received {
+            Log::Full(_) => Vec::new(),
+            Log::Ids { ids, .. } => ids.lock().unwrap().clone(),
+        }
     }
 }
 
@@ -101,7 +150,7 @@ impl Drop for Upstream {
 
 async fn record(
     request: Request<Incoming>,
-    log: Arc<Mutex<Vec<Received>>>,
+    log: Arc<Log>,
     name: String,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (parts, body) = request.into_parts();
@@ -111,7 +160,27 @@ async fn record(
         .map(|b| b.to_bytes().to_vec())
         .unwrap_or_default();
     let bytes = body.len();
-    log.lock().unwrap().push(Received {
+    let all = match &*log {
+        Log::Full(all) => all,
+        Log::Ids {
+            header,
+            ids,
+            others,
+        } => {
+            let id = parts
+                .headers
+                .get(header.as_str())
+                .and_then(|v| v.to_str().ok()?.parse().ok());
+            match id {
+                Some(id) => ids.lock().unwrap().push(id),
+                None => {
+                    others.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            return Ok(answer(&name, bytes));
+        }
+    };
+    all.lock().unwrap().push(Received {
         method: parts.method.to_string(),
         path: parts.uri.to_string(),
         headers: parts
@@ -126,10 +195,14 @@ async fn record(
             .collect(),
         body,
     });
+    Ok(answer(&name, bytes))
+}
+
+fn answer(name: &str, bytes: usize) -> Response<Full<Bytes>> {
     let reply = serde_json::json!({"upstream": name, "bytes": bytes}).to_string();
-    Ok(Response::builder()
+    Response::builder()
         .header("content-type", "application/json")
         .header("x-upstream", name)
         .body(Full::new(Bytes::from(reply)))
-        .unwrap())
+        .unwrap()
 }

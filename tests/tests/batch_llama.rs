@@ -66,6 +66,13 @@ fn stack() -> Stack {
             .to_string(),
     );
     let envoy = Envoy::start(&config, admin, listen);
+    // The front and the replicas behind it passed their first health check (until then
+    // Envoy sends marked requests to the replicas directly).
+    assert!(envoy.wait_for_stat(
+        "cluster.cohort-front-0.membership_healthy",
+        4,
+        Duration::from_secs(10)
+    ));
     // The front's first engine probe (slot counts from /props) runs at start; give it a beat.
     std::thread::sleep(Duration::from_millis(1500));
     Stack {

@@ -4,7 +4,10 @@
 //! - the replicas receive exactly what the batcher decided, and under 10 s of load the
 //!   batcher receives every observation the filters sent (counted at both ends);
 //! - `kill -9` of the batcher under load fails no request, bounds latency by the deadline,
-//!   and assignment resumes by itself after a restart;
+//!   p99 is back to its baseline 200 ms after the kill, and assignment resumes by itself
+//!   after a restart;
+//! - a frozen batcher (SIGSTOP) fails no request: each waits out the Assign deadline (counted
+//!   as a timeout), is routed by key, and assignment resumes after SIGCONT;
 //! - two batcher shards split assignments and observations by the routing key's jump
 //!   hash, and killing one degrades only its share to affinity routing.
 //!
@@ -17,8 +20,8 @@ use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, Response};
 use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
-use cohort_tests::free_port;
 use cohort_tests::upstream::Upstream;
+use cohort_tests::{free_port, one_at_a_time};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -160,6 +163,8 @@ fn percentile(mut values: Vec<Duration>, p: f64) -> Duration {
 
 #[test]
 fn replicas_receive_what_the_batcher_decided_and_every_observation_arrives() {
+    // One at a time: each test loads both CI cores, and the 25 ms deadline is a latency claim.
+    let _alone = one_at_a_time();
     let stack = stack(1);
     let batcher = &stack.batchers[0];
     let n = 240;
@@ -231,6 +236,8 @@ fn replicas_receive_what_the_batcher_decided_and_every_observation_arrives() {
 
 #[test]
 fn killing_the_batcher_fails_no_request_and_assignment_resumes() {
+    // One at a time: each test loads both CI cores, and the 25 ms deadline is a latency claim.
+    let _alone = one_at_a_time();
     let mut stack = stack(1);
     for i in 0..20 {
         assert_eq!(send(&stack.envoy, i).status, 200);
@@ -262,18 +269,35 @@ fn killing_the_batcher_fails_no_request_and_assignment_resumes() {
         .filter(|r| r.0 >= killed_at && r.0 < restarted_at)
         .map(|r| r.1)
         .collect();
-    let (p99_before, p99_down) = (
+    // The window the recovery goal is about: 200 ms to 1.2 s after the kill.
+    let recovery: Vec<Duration> = results
+        .iter()
+        .filter(|r| {
+            r.0 >= killed_at + Duration::from_millis(200)
+                && r.0 < killed_at + Duration::from_millis(1200)
+        })
+        .map(|r| r.1)
+        .collect();
+    let (p99_before, p99_down, p99_recovery) = (
         percentile(before.clone(), 0.99),
         percentile(down.clone(), 0.99),
+        percentile(recovery.clone(), 0.99),
     );
     let worst_down = down.iter().max().copied().unwrap_or_default();
     eprintln!(
-        "kill -9: {} requests before (p99 {p99_before:?}), {} while down (p99 {p99_down:?}, max {worst_down:?}), {} total",
+        "kill -9: {} requests before (p99 {p99_before:?}), {} while down (p99 {p99_down:?}, max {worst_down:?}), {} in 200 ms-1.2 s after the kill (p99 {p99_recovery:?}), {} total",
         before.len(),
         down.len(),
+        recovery.len(),
         results.len()
     );
-    assert!(!down.is_empty());
+    assert!(!down.is_empty() && !recovery.is_empty());
+    // Back to baseline 200 ms after the kill: the p99 there within the deadline of the
+    // p99 before (a generous bound for a busy 2-core machine; the numbers are printed).
+    assert!(
+        p99_recovery <= p99_before + Duration::from_millis(DEADLINE_MS + 50),
+        "p99 200 ms-1.2 s after the kill {p99_recovery:?} against {p99_before:?} before"
+    );
     // While the batcher is away a request waits at most the Assign deadline for it; allow
     // the rest of the path (Envoy, the upstream, a loaded 2-core CI machine) on top.
     assert!(
@@ -294,7 +318,118 @@ fn killing_the_batcher_fails_no_request_and_assignment_resumes() {
 }
 
 #[test]
+fn a_frozen_batcher_costs_each_request_the_deadline_and_assignment_resumes_on_sigcont() {
+    // One at a time: each test loads both CI cores, and the 25 ms deadline is a latency claim.
+    let _alone = one_at_a_time();
+    let stack = stack(1);
+    for i in 0..20 {
+        assert_eq!(send(&stack.envoy, i).status, 200);
+    }
+    let stat = |name: &str| {
+        stack
+            .envoy
+            .stat(&format!("wasmcustom.cohort_assign_{name}_total"))
+    };
+    assert!(eventually(Duration::from_secs(5), || stat("ok") == 20));
+    let stop = AtomicBool::new(false);
+    let (results, frozen_at, thawed_at, at_freeze, at_thaw) = std::thread::scope(|scope| {
+        let envoy = &stack.envoy;
+        let stop = &stop;
+        let handle = scope.spawn(move || load(envoy, 4, stop));
+        std::thread::sleep(Duration::from_secs(1));
+        let frozen_at = Instant::now();
+        let at_freeze = (stat("timeout"), stat("error"));
+        stack.batchers[0].freeze();
+        std::thread::sleep(Duration::from_secs(2));
+        let thawed_at = Instant::now();
+        let at_thaw = (stat("timeout"), stat("error"));
+        stack.batchers[0].thaw();
+        std::thread::sleep(Duration::from_secs(2));
+        stop.store(true, Ordering::Relaxed);
+        (
+            handle.join().unwrap(),
+            frozen_at,
+            thawed_at,
+            at_freeze,
+            at_thaw,
+        )
+    });
+    let failed = results.iter().filter(|r| r.2 != 200).count();
+    assert_eq!(failed, 0, "{failed} of {} requests failed", results.len());
+    // Requests that started well inside the freeze (the first ones may have had their
+    // answer already).
+    let frozen: Vec<Duration> = results
+        .iter()
+        .filter(|r| r.0 >= frozen_at + Duration::from_millis(100) && r.0 < thawed_at)
+        .map(|r| r.1)
+        .collect();
+    let before: Vec<Duration> = results
+        .iter()
+        .filter(|r| r.0 < frozen_at)
+        .map(|r| r.1)
+        .collect();
+    // Assign outcomes while frozen.
+    let (timeouts, errors) = (at_thaw.0 - at_freeze.0, at_thaw.1 - at_freeze.1);
+    let worst = frozen.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "SIGSTOP: before p50 {:?} p99 {:?} ({}); frozen p50 {:?} p99 {:?} max {worst:?} ({}); Assign timeouts {timeouts}, errors {errors}",
+        percentile(before.clone(), 0.5),
+        percentile(before.clone(), 0.99),
+        before.len(),
+        percentile(frozen.clone(), 0.5),
+        percentile(frozen.clone(), 0.99),
+        frozen.len(),
+    );
+    assert!(frozen.len() >= 8, "requests while frozen: {}", frozen.len());
+    // Each waited for the deadline (nothing answered), and no longer than the deadline plus
+    // the rest of the path on a busy 2-core machine.
+    let waited = frozen
+        .iter()
+        .filter(|d| **d >= Duration::from_millis(DEADLINE_MS - 1))
+        .count();
+    assert!(
+        waited * 10 >= frozen.len() * 9,
+        "{waited} of {} frozen requests waited out the deadline",
+        frozen.len()
+    );
+    assert!(
+        worst < Duration::from_millis(DEADLINE_MS + 250),
+        "slowest request while frozen took {worst:?}"
+    );
+    // A failure that took the whole deadline is counted as a timeout, not an error.
+    assert!(
+        // (up to one request per client may still be waiting when the stats are read)
+        timeouts as usize + 4 >= waited,
+        "Assign timeouts {timeouts} for {waited} requests that waited out the deadline"
+    );
+    // (A few, 0–4 of ~200 in our runs, fail early with another status, more on a busy
+    // machine; such a request is routed by key all the same.)
+    assert!(
+        errors as usize * 10 <= frozen.len(),
+        "a frozen batcher causes timeouts, not errors: {errors} errors"
+    );
+    // After SIGCONT the batcher answers again (its sockets stayed open all along).
+    let resumed = eventually(Duration::from_secs(5), || {
+        send(&stack.envoy, 7)
+            .header("x-cohort")
+            .is_some_and(|h| h.contains("mode=assign"))
+    });
+    assert!(resumed, "assignment did not resume after SIGCONT");
+    let after_thaw = results
+        .iter()
+        .filter(|r| r.0 >= thawed_at + Duration::from_millis(500));
+    assert!(
+        after_thaw.clone().count() > 0
+            && percentile(after_thaw.map(|r| r.1).collect(), 0.5)
+                < Duration::from_millis(DEADLINE_MS),
+        "latency back below the deadline after SIGCONT"
+    );
+}
+
+#[test]
 fn two_batcher_shards_split_by_key_and_one_down_degrades_only_its_share() {
+    // One at a time: each test loads both CI cores, and the 25 ms deadline is a latency claim.
+    let _alone = one_at_a_time();
     let mut stack = stack(2);
     let n = 192;
     for i in 0..n {

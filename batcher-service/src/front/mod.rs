@@ -23,8 +23,11 @@
 //!    ([`prefetch`], [`warm`]); load LoRA adapters where their cohorts go ([`lora`]).
 //!
 //! If the chosen replica is unreachable the request goes to the next healthy one; only
-//! when none answers does the caller get a 502 naming the cause. On shutdown held
-//! followers are released at once and every accepted request is answered.
+//! when none answers does the caller get a 502 naming the cause. On shutdown, first (the
+//! drain delay) `/health` answers 503 and every answer closes its connection and tells
+//! Envoy to fail the front's health check at once, so proxies move to the replicas before
+//! the listener closes; then held followers are released at once and every accepted
+//! request is answered.
 
 mod dispatch;
 mod engine_watch;
@@ -131,6 +134,8 @@ pub struct Front {
     stats: FrontStats,
     clock: Clock,
     stop: watch::Receiver<bool>,
+    /// Set at SIGTERM, before `stop`: still serving, but telling callers to go elsewhere.
+    draining: Arc<AtomicBool>,
     /// The deployment secret keying engine cache salts.
     secret: Vec<u8>,
 }
@@ -193,7 +198,12 @@ fn hash(text: &str) -> u64 {
 }
 
 impl Front {
-    pub fn new(config: &ServeConfig, clock: Clock, stop: watch::Receiver<bool>) -> Front {
+    pub fn new(
+        config: &ServeConfig,
+        clock: Clock,
+        stop: watch::Receiver<bool>,
+        draining: Arc<AtomicBool>,
+    ) -> Front {
         let replicas: Vec<ReplicaHandle> = config
             .replicas
             .iter()
@@ -245,6 +255,7 @@ impl Front {
             config: config.batch.clone(),
             clock,
             stop,
+            draining,
             secret: config.salt_secret.as_bytes().to_vec(),
         }
     }
@@ -269,6 +280,10 @@ impl Front {
             // Envoy health-checks the front and the engines behind it on one path.
             .route("/health", axum::routing::get(health))
             .layer(DefaultBodyLimit::max(limit))
+            .layer(axum::middleware::map_response_with_state(
+                Arc::clone(&self),
+                while_draining,
+            ))
             .with_state(self)
     }
 
@@ -614,9 +629,34 @@ impl Front {
     }
 }
 
+impl Front {
+    fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst) || *self.stop.borrow()
+    }
+}
+
+/// While draining, every answer closes its connection (no request is then written onto a
+/// pooled connection as the listener closes) and carries Envoy's
+/// `x-envoy-immediate-health-check-fail`, which fails the front's active health check at
+/// once so Envoy moves new requests to the replicas.
+async fn while_draining(
+    State(front): State<Arc<Front>>,
+    mut response: Response<Body>,
+) -> Response<Body> {
+    if front.is_draining() {
+        let headers = response.headers_mut();
+        headers.insert("connection", axum::http::HeaderValue::from_static("close"));
+        headers.insert(
+            "x-envoy-immediate-health-check-fail",
+            axum::http::HeaderValue::from_static("true"),
+        );
+    }
+    response
+}
+
 /// 200 while serving, 503 once draining (Envoy then sends to the replicas directly).
 async fn health(State(front): State<Arc<Front>>) -> (StatusCode, &'static str) {
-    if *front.stop.borrow() {
+    if front.is_draining() {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
     } else {
         (StatusCode::OK, "ok\n")

@@ -254,6 +254,10 @@ pub struct ServeConfig {
     pub ui_assets: Option<PathBuf>,
     /// Seconds to let in-flight calls finish after SIGTERM before exiting.
     pub drain_s: u64,
+    /// Milliseconds after SIGTERM during which everything keeps serving while health
+    /// checks answer 503 and front answers close their connections, so proxies move away
+    /// before the listeners close.
+    pub drain_delay_ms: u64,
 }
 
 impl Default for ServeConfig {
@@ -272,6 +276,7 @@ impl Default for ServeConfig {
             ui_assets: None,
             salt_secret: String::new(),
             drain_s: 10,
+            drain_delay_ms: 4000,
         }
     }
 }
@@ -316,6 +321,9 @@ pub struct ServeArgs {
     /// binary lacks the `cuda` feature or no GPU is usable).
     #[arg(long, env = "COHORT_STORE")]
     pub store: Option<String>,
+    /// Milliseconds to keep serving after SIGTERM while health checks answer 503.
+    #[arg(long, env = "COHORT_DRAIN_DELAY_MS")]
+    pub drain_delay_ms: Option<u64>,
 }
 
 /// Why the configuration was refused.
@@ -403,6 +411,9 @@ impl ServeConfig {
         }
         if let Some(store) = &args.store {
             config.store.backend = store.clone();
+        }
+        if let Some(delay) = args.drain_delay_ms {
+            config.drain_delay_ms = delay;
         }
         config.validate()?;
         Ok(config)
@@ -552,7 +563,7 @@ mod tests {
         let path = dir.join("serve.toml");
         std::fs::write(
             &path,
-            "grpc_listen = \"127.0.0.1:7000\"\nshard_count = 2\n[[replicas]]\nname = \"a\"\n[policy]\nbalance = 1.5\nkv_blocks_per_replica = 10\n",
+            "grpc_listen = \"127.0.0.1:7000\"\nshard_count = 2\ndrain_delay_ms = 500\n[[replicas]]\nname = \"a\"\n[policy]\nbalance = 1.5\nkv_blocks_per_replica = 10\n",
         )
         .unwrap();
         let mut a = args(&[]);
@@ -562,10 +573,14 @@ mod tests {
         assert_eq!(config.policy.kv_blocks_per_replica, 10);
         assert_eq!(config.policy.balance, 1.5);
         assert_eq!(config.shard_index, 1, "from the StatefulSet ordinal");
+        assert_eq!(config.drain_delay_ms, 500);
+        assert_eq!(ServeConfig::default().drain_delay_ms, 4000);
         a.replicas = vec!["x".into(), "y".into()];
         a.grpc_listen = Some("127.0.0.1:7001".parse().unwrap());
         a.shard_index = Some(0);
+        a.drain_delay_ms = Some(250);
         let config = ServeConfig::load(&a, Some("cohort-batcher-1")).unwrap();
+        assert_eq!(config.drain_delay_ms, 250);
         assert_eq!(config.grpc_listen.port(), 7001);
         assert_eq!(config.replicas.len(), 2);
         assert_eq!(config.shard_index, 0);

@@ -4,9 +4,14 @@
 //! and cohorts). When the replicas have URLs, batch mode's HTTP front
 //! ([`crate::front`]) listens too, with one engine probe task per replica.
 //!
-//! Shutdown (SIGTERM or Ctrl-C): `/readyz` turns 503, open `Observe` streams are ended,
-//! both servers stop accepting and finish what is in flight (at most `drain_s`), the
-//! upkeep task stops, and the process exits 0.
+//! Shutdown (SIGTERM or Ctrl-C) runs in two stages. First, for `drain_delay_ms`, everything
+//! keeps serving while the batcher tells its callers to go elsewhere: `/readyz` and the
+//! front's `/health` answer 503, and every front answer carries `connection: close` (and
+//! Envoy's immediate health-check failure header), so proxies stop reusing pooled
+//! connections and take the front out of their load balancing. Then open `Observe` streams
+//! are ended, all servers stop accepting and finish what is in flight (at most `drain_s`),
+//! the upkeep task stops, and the process exits 0. Closing the listener at once instead
+//! would fail requests a proxy writes onto a pooled connection as it closes.
 
 pub mod brain;
 pub mod config;
@@ -44,6 +49,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     let brain = Arc::new(Brain::new(&config));
     let clock = Clock::start();
     let ready = Arc::new(AtomicBool::new(false));
+    let draining = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let grpc_listener = tokio::net::TcpListener::bind(config.grpc_listen)
@@ -71,7 +77,12 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
                 )
             })?;
         info!(front = %listener.local_addr()?, "batch front listening");
-        let front = Arc::new(Front::new(&config, clock, stop_rx.clone()));
+        let front = Arc::new(Front::new(
+            &config,
+            clock,
+            stop_rx.clone(),
+            Arc::clone(&draining),
+        ));
         Some((front, listener))
     } else {
         None
@@ -149,8 +160,19 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     ready.store(true, Ordering::SeqCst);
 
     shutdown_signal().await;
-    info!("cohort serve draining");
+    let delay = Duration::from_millis(config.drain_delay_ms);
+    info!(
+        ?delay,
+        "cohort serve draining: still serving, callers told to go elsewhere"
+    );
     ready.store(false, Ordering::SeqCst);
+    draining.store(true, Ordering::SeqCst);
+    // A second signal skips the rest of the delay.
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shutdown_signal() => {}
+    }
+    info!("cohort serve draining: no longer accepting, finishing what is in flight");
     let _ = stop_tx.send(true);
     let drain = Duration::from_secs(config.drain_s);
     let joined = tokio::time::timeout(drain, async {
