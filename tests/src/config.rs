@@ -125,22 +125,3 @@ pub fn mirror_route(config: &mut Value, route: &str, name: &str, port: u16) {
         .push(cluster);
     set_endpoints(config, name, &[port]);
 }
-
-/// Removes cluster `name`'s active health check and its lower-priority endpoints, so all of
-/// its traffic goes to its priority-0 endpoints: for tests whose subject is not the
-/// fallback (a health check timing out on a loaded machine would divert requests).
-pub fn drop_fallback(config: &mut Value, name: &str) {
-    let clusters = config["static_resources"]["clusters"]
-        .as_sequence_mut()
-        .unwrap();
-    let cluster = clusters
-        .iter_mut()
-        .find(|c| c["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no cluster {name}"));
-    if let Value::Mapping(map) = cluster {
-        map.remove("health_checks");
-    }
-    if let Some(groups) = cluster["load_assignment"]["endpoints"].as_sequence_mut() {
-        groups.truncate(1);
-    }
-}

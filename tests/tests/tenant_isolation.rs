@@ -21,9 +21,7 @@
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, Response};
-use cohort_tests::config::{
-    self, drop_fallback, mirror_route, set_endpoints, set_filter, set_ports,
-};
+use cohort_tests::config::{self, mirror_route, set_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::free_port;
 use cohort_tests::upstream::{Received, Upstream};
@@ -95,10 +93,6 @@ fn stack() -> Stack {
         "cohort-front-0",
         &[batcher.spec.front_port.unwrap()],
     );
-    // The front's fallback to the replicas (health check, lower priority) is not what this
-    // test is about, and a health check timing out on a loaded machine would divert
-    // requests around the front: every marked request goes to the front here.
-    drop_fallback(&mut config, "cohort-front-0");
     mirror_route(&mut config, "batch-front-0", "tap", tap.port);
     // A generous Assign deadline: a request whose Assign times out skips batching.
     set_filter(
@@ -113,6 +107,13 @@ fn stack() -> Stack {
         .to_string(),
     );
     let envoy = Envoy::start(&config, admin, listen);
+    // The front and the replicas behind it passed their first health check (until then
+    // Envoy sends marked requests to the replicas directly).
+    assert!(envoy.wait_for_stat(
+        "cluster.cohort-front-0.membership_healthy",
+        4,
+        Duration::from_secs(10)
+    ));
     Stack {
         engines,
         tap,
