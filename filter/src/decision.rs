@@ -85,13 +85,7 @@ pub enum HeadersVerdict {
 pub fn headers_as_text<V: AsRef<[u8]>>(headers: Vec<(String, V)>) -> Vec<(String, String)> {
     headers
         .into_iter()
-        .map(|(name, value)| {
-            let text = match std::str::from_utf8(value.as_ref()) {
-                Ok(text) => text.to_owned(),
-                Err(_) => String::from_utf8_lossy(value.as_ref()).into_owned(),
-            };
-            (name, text)
-        })
+        .map(|(name, value)| (name, String::from_utf8_lossy(value.as_ref()).into_owned()))
         .collect()
 }
 

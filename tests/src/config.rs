@@ -44,6 +44,19 @@ pub fn set_endpoints(config: &mut Value, name: &str, ports: &[u16]) {
     set_priority_endpoints(config, name, 0, ports);
 }
 
+/// Points `istio/envoy/batch.yaml` at one batcher shard (its gRPC port and its front) and
+/// at the engine replicas on `replicas`: the per-replica clusters, `all-replicas`, and the
+/// front's fallback (its priority-1 endpoints).
+pub fn set_batch_endpoints(config: &mut Value, grpc_port: u16, front_port: u16, replicas: &[u16]) {
+    for (i, port) in replicas.iter().enumerate() {
+        set_endpoints(config, &format!("replica-{i}"), &[*port]);
+    }
+    set_endpoints(config, "all-replicas", replicas);
+    set_endpoints(config, "cohort-batcher-0", &[grpc_port]);
+    set_endpoints(config, "cohort-front-0", &[front_port]);
+    set_priority_endpoints(config, "cohort-front-0", 1, replicas);
+}
+
 /// Replaces the endpoints of cluster `name`'s `group`-th locality group (its priority
 /// order in the file) with loopback `ports`.
 pub fn set_priority_endpoints(config: &mut Value, name: &str, group: usize, ports: &[u16]) {

@@ -13,7 +13,7 @@
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::post_stream;
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports, set_priority_endpoints};
+use cohort_tests::config::{self, set_batch_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::free_port;
 use cohort_tests::llama::Llama;
@@ -47,17 +47,12 @@ fn stack() -> Stack {
     let (admin, listen) = (free_port(), free_port());
     set_ports(&mut config, admin, listen);
     let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
-    for (i, port) in ports.iter().enumerate() {
-        set_endpoints(&mut config, &format!("replica-{i}"), &[*port]);
-    }
-    set_endpoints(&mut config, "all-replicas", &ports);
-    set_endpoints(&mut config, "cohort-batcher-0", &[batcher.spec.grpc_port]);
-    set_endpoints(
+    set_batch_endpoints(
         &mut config,
-        "cohort-front-0",
-        &[batcher.spec.front_port.unwrap()],
+        batcher.spec.grpc_port,
+        batcher.spec.front_port.unwrap(),
+        &ports,
     );
-    set_priority_endpoints(&mut config, "cohort-front-0", 1, &ports);
     // A generous Assign deadline: on a loaded 2-core test machine a 25 ms deadline can
     // expire, and the request would then (correctly) skip batching.
     set_filter(

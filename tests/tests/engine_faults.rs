@@ -18,7 +18,7 @@
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, post_stream, Response};
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports, set_priority_endpoints};
+use cohort_tests::config::{self, set_batch_endpoints, set_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::llama::Llama;
 use cohort_tests::{free_port, one_at_a_time};
@@ -232,17 +232,12 @@ fn a_replica_killed_under_the_batch_front_fails_nothing_and_new_requests_avoid_i
     let mut config = config::load("batch");
     let (admin, listen) = (free_port(), free_port());
     set_ports(&mut config, admin, listen);
-    for (i, port) in ports.iter().enumerate() {
-        set_endpoints(&mut config, &format!("replica-{i}"), &[*port]);
-    }
-    set_endpoints(&mut config, "all-replicas", &ports);
-    set_endpoints(&mut config, "cohort-batcher-0", &[batcher.spec.grpc_port]);
-    set_endpoints(
+    set_batch_endpoints(
         &mut config,
-        "cohort-front-0",
-        &[batcher.spec.front_port.unwrap()],
+        batcher.spec.grpc_port,
+        batcher.spec.front_port.unwrap(),
+        &ports,
     );
-    set_priority_endpoints(&mut config, "cohort-front-0", 1, &ports);
     // As batch_llama.rs: a deadline a loaded 2-core machine meets, so requests are batched.
     set_filter(
         &mut config,

@@ -16,7 +16,7 @@
 //! binary (built by `cargo test --workspace`); `scripts/test` does all three.
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports, set_priority_endpoints};
+use cohort_tests::config::{self, set_batch_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::load::{self, percentile, reconcile, window, Outcome, Plan, ID_HEADER};
 use cohort_tests::procstat::{self, Sample};
@@ -56,17 +56,12 @@ fn stack(extra_args: Vec<String>) -> Stack {
     let (admin, listen) = (free_port(), free_port());
     set_ports(&mut config, admin, listen);
     let ports: Vec<u16> = engines.iter().map(|e| e.port).collect();
-    for (i, port) in ports.iter().enumerate() {
-        set_endpoints(&mut config, &format!("replica-{i}"), &[*port]);
-    }
-    set_endpoints(&mut config, "all-replicas", &ports);
-    set_endpoints(&mut config, "cohort-batcher-0", &[batcher.spec.grpc_port]);
-    set_endpoints(
+    set_batch_endpoints(
         &mut config,
-        "cohort-front-0",
-        &[batcher.spec.front_port.unwrap()],
+        batcher.spec.grpc_port,
+        batcher.spec.front_port.unwrap(),
+        &ports,
     );
-    set_priority_endpoints(&mut config, "cohort-front-0", 1, &ports);
     // At saturation the clients, Envoy, the batcher and the engines share two cores, and
     // an Assign can wait longer than the shipped 25 ms for a core; such a request skips
     // the front (correctly), so the soak allows 100 ms to keep the front in the path.

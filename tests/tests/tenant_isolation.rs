@@ -21,7 +21,7 @@
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, Response};
-use cohort_tests::config::{self, mirror_route, set_endpoints, set_filter, set_ports};
+use cohort_tests::config::{self, mirror_route, set_batch_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::free_port;
 use cohort_tests::upstream::{Received, Upstream};
@@ -83,15 +83,11 @@ fn stack() -> Stack {
     let (admin, listen) = (free_port(), free_port());
     set_ports(&mut config, admin, listen);
     let ports: Vec<u16> = engines.iter().map(|u| u.port).collect();
-    for (i, port) in ports.iter().enumerate() {
-        set_endpoints(&mut config, &format!("replica-{i}"), &[*port]);
-    }
-    set_endpoints(&mut config, "all-replicas", &ports);
-    set_endpoints(&mut config, "cohort-batcher-0", &[batcher.spec.grpc_port]);
-    set_endpoints(
+    set_batch_endpoints(
         &mut config,
-        "cohort-front-0",
-        &[batcher.spec.front_port.unwrap()],
+        batcher.spec.grpc_port,
+        batcher.spec.front_port.unwrap(),
+        &ports,
     );
     mirror_route(&mut config, "batch-front-0", "tap", tap.port);
     // A generous Assign deadline: a request whose Assign times out skips batching.
