@@ -40,12 +40,31 @@ pub fn header_value<'h>(headers: &'h [(String, String)], name: &str) -> Option<&
         .map(|(_, v)| v.as_str())
 }
 
-/// A TCP port free on loopback at the time of the call.
+/// A TCP port free on loopback at the time of the call, for a server a test starts.
+///
+/// Taken from below the kernel's ephemeral range (`ip_local_port_range`), never from
+/// `bind(0)`: ephemeral ports are also the source ports of outgoing connections, so a port
+/// learnt from `bind(0)` could be taken by an Envoy, batcher or engine connection before the
+/// server binds it ("Address already in use", seen in CI). Ports are handed out in turn
+/// from a per-process start, and each is checked free before it is returned.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral port on loopback")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOWEST: u32 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|low| *low > LOWEST + 1_000)
+        .unwrap_or(32_768);
+    let span = ephemeral_low - LOWEST;
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let port = (LOWEST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port between {LOWEST} and {ephemeral_low}");
 }
 
 /// Serialises the tests of one test binary that take the whole machine (load at
