@@ -574,12 +574,6 @@ impl<B: Backend> Store for GpuStore<B> {
         held
     }
 
-    fn top_k(&self, tenant: u32, query: &SketchBytes, k: usize, now_s: u32) -> Vec<Hit> {
-        self.top_k_batch(tenant, std::slice::from_ref(query), k, now_s)
-            .pop()
-            .unwrap_or_default()
-    }
-
     fn top_k_batch(
         &self,
         tenant: u32,

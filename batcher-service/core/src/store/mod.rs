@@ -73,7 +73,11 @@ pub trait Store: Send + Sync {
     /// Remove `key`; true when it was held.
     fn remove(&self, key: u64) -> bool;
     /// Up to k live (not expired) entries of `tenant`, highest dot product first; ties broken by smaller key.
-    fn top_k(&self, tenant: u32, query: &SketchBytes, k: usize, now_s: u32) -> Vec<Hit>;
+    fn top_k(&self, tenant: u32, query: &SketchBytes, k: usize, now_s: u32) -> Vec<Hit> {
+        self.top_k_batch(tenant, std::slice::from_ref(query), k, now_s)
+            .pop()
+            .unwrap_or_default()
+    }
     /// Same for many queries (this is where throughput comes from: each entry is read once per batch).
     fn top_k_batch(
         &self,
