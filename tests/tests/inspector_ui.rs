@@ -103,7 +103,7 @@ fn the_playground_fingerprints_in_the_browser_and_names_the_nearest_cohort() {
 
     let mut browser = Chromium::open(&format!("http://127.0.0.1:{}/ui", batcher.spec.http_port));
     browser.wait_for(
-        "document.body.dataset.ready === '1'",
+        "document.body?.dataset.ready === '1'",
         Duration::from_secs(30),
     );
     browser.eval("document.getElementById('prompt').focus()");
