@@ -12,7 +12,9 @@
 
 use crate::config::FilterConfig;
 use cohort_fingerprint::knobs::{ParsedKnobs, RawKnobs};
-use cohort_fingerprint::{fingerprint, Fingerprint, Request, TenantSalt, SKETCH_VERSION};
+use cohort_fingerprint::{
+    fingerprint_with, Fingerprint, IntentSketch, Request, SemanticMode, TenantSalt, SKETCH_VERSION,
+};
 
 /// Why a request passed through untouched (the `x-cohort-bypass` value).
 pub type BypassReason = &'static str;
@@ -168,6 +170,17 @@ pub fn route_body(
     plan: &RequestPlan,
     body: &[u8],
 ) -> Result<Routing, BypassReason> {
+    route_body_with(config, plan, body, IntentSketch::of_text)
+}
+
+/// [`route_body`] with the intent step supplied by the caller (see
+/// [`cohort_fingerprint::fingerprint_with`]): the filter times it.
+pub fn route_body_with(
+    config: &FilterConfig,
+    plan: &RequestPlan,
+    body: &[u8],
+    intent_sketch: impl FnOnce(&str, SemanticMode) -> IntentSketch,
+) -> Result<Routing, BypassReason> {
     let request = Request {
         body,
         path: Some(&plan.path),
@@ -177,7 +190,7 @@ pub fn route_body(
         semantic_mode: plan.knobs.knobs.semantic_mode,
         max_body_bytes: config.body_limit_bytes,
     };
-    let fp = fingerprint(&request).map_err(|e| e.bypass_reason())?;
+    let fp = fingerprint_with(&request, intent_sketch).map_err(|e| e.bypass_reason())?;
     let names = &config.headers;
     let cluster = format!("{:08x}", fp.cohort);
     Ok(Routing {

@@ -17,7 +17,7 @@ use crate::batcher;
 use crate::config::{FilterConfig, Mode};
 use crate::decision::{self, reason, HeadersVerdict, RequestPlan, Routing};
 use crate::root::{unix_ms, Shared};
-use cohort_fingerprint::SKETCH_VERSION;
+use cohort_fingerprint::{IntentSketch, SKETCH_VERSION};
 use cohort_proto as pb;
 use log::debug;
 use proxy_wasm::hostcalls;
@@ -108,8 +108,14 @@ impl CohortHttp {
             self.bypass(reason::NO_BODY);
             return Action::Continue;
         };
+        let mut sketch_us = 0;
         let started = self.get_current_time();
-        let routed = decision::route_body(config, &plan, &body);
+        let routed = decision::route_body_with(config, &plan, &body, |text, mode| {
+            let sketch_started = self.get_current_time();
+            let intent = IntentSketch::of_text(text, mode);
+            sketch_us = self.elapsed_us(sketch_started);
+            intent
+        });
         let fingerprint_us = self.elapsed_us(started);
         let routing = match routed {
             Ok(routing) => routing,
@@ -122,6 +128,7 @@ impl CohortHttp {
         if let Some(stats) = &shared.stats {
             stats.inc(stats.fingerprinted);
             stats.record(stats.fingerprint_us, fingerprint_us);
+            stats.record(stats.sketch_us, sketch_us);
             stats.record(stats.body_bytes, body.len() as u64);
         }
         let shard_index = batcher::shard_index(config, &routing.fingerprint);

@@ -13,6 +13,7 @@
 //! | `cohort_invalid_knob_<knob>_total` | counter | per knob |
 //! | `cohort_spoofed_header_removed_total` | counter | client-set reserved headers removed |
 //! | `cohort_fingerprint_us` | histogram | time to fingerprint a body, µs |
+//! | `cohort_sketch_us` | histogram | of which the intent sketch (normalise, mask, sketch the intent text), µs |
 //! | `cohort_body_bytes` | histogram | fingerprinted body size, bytes |
 //! | `cohort_assign_ok_total` | counter | Assign calls answered: the request went where the batcher said |
 //! | `cohort_assign_timeout_total` | counter | Assign calls past the deadline (routed by key instead) |
@@ -36,6 +37,7 @@ pub struct Stats {
     invalid_knob_by_name: BTreeMap<&'static str, u32>,
     pub spoofed_header_removed: u32,
     pub fingerprint_us: u32,
+    pub sketch_us: u32,
     pub body_bytes: u32,
     pub assign_ok: u32,
     pub assign_timeout: u32,
@@ -76,6 +78,7 @@ impl Stats {
             invalid_knob_by_name,
             spoofed_header_removed: counter("cohort_spoofed_header_removed_total")?,
             fingerprint_us: histogram("cohort_fingerprint_us")?,
+            sketch_us: histogram("cohort_sketch_us")?,
             body_bytes: histogram("cohort_body_bytes")?,
             assign_ok: counter("cohort_assign_ok_total")?,
             assign_timeout: counter("cohort_assign_timeout_total")?,

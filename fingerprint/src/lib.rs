@@ -33,6 +33,9 @@ pub mod prefix;
 pub mod record;
 pub mod shard;
 pub mod sketch;
+#[cfg(test)]
+mod test_text;
+pub mod word;
 pub mod wordpiece;
 
 pub use canonical::{Api, CanonicalPrompt};
@@ -127,6 +130,16 @@ pub struct Fingerprint {
 
 /// Fingerprints one request.
 pub fn fingerprint(request: &Request<'_>) -> Result<Fingerprint, FingerprintError> {
+    fingerprint_with(request, IntentSketch::of_text)
+}
+
+/// [`fingerprint`] with the intent step supplied by the caller, who must hand back
+/// `IntentSketch::of_text(text, mode)`: the filter wraps it in a clock to time the sketch
+/// step (normalise, mask, sketch) apart from the rest.
+pub fn fingerprint_with(
+    request: &Request<'_>,
+    intent_sketch: impl FnOnce(&str, SemanticMode) -> IntentSketch,
+) -> Result<Fingerprint, FingerprintError> {
     if request.body.len() > request.max_body_bytes {
         return Err(FingerprintError::BodyTooLarge {
             size: request.body.len(),
@@ -141,7 +154,7 @@ pub fn fingerprint(request: &Request<'_>) -> Result<Fingerprint, FingerprintErro
         .original_query
         .or(prompt.last_user_text())
         .unwrap_or("");
-    let intent = IntentSketch::of_text(intent_text, request.semantic_mode);
+    let intent = intent_sketch(intent_text, request.semantic_mode);
     let anchor = if prompt.has_stable_context() {
         Anchor::StablePrefix(stable_prefix)
     } else {

@@ -18,6 +18,8 @@
 //! ideographs and kana, written without spaces, become one token per character so the
 //! sketch's bigrams see their words. Punctuation separates and is dropped.
 
+pub use crate::word::Word;
+
 /// Minimum length in bytes of a quoted passage masked as a document.
 pub const LONG_QUOTE: usize = 160;
 
@@ -54,7 +56,7 @@ impl Mask {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Token {
     /// A case-folded word (or a single CJK character).
-    Word(String),
+    Word(Word),
     /// An emoji or other symbol.
     Symbol(char),
     /// A masked variable.
@@ -74,7 +76,8 @@ impl Token {
 
 /// Tokenises normalised text with variables masked.
 pub fn tokenize(text: &str) -> Vec<Token> {
-    let mut out = Tokens::default();
+    // About one token per five bytes of prose; the capacity only saves reallocations.
+    let mut out = Tokens(Vec::with_capacity((text.len() / 5 + 1).min(MAX_TOKENS)));
     let mut sentence_start = true;
     for piece in split_blocks(text) {
         match piece {
@@ -84,7 +87,7 @@ pub fn tokenize(text: &str) -> Vec<Token> {
             }
             Piece::Text(text) => tokenize_prose(text, &mut sentence_start, &mut out),
         }
-        if out.0.len() >= MAX_TOKENS {
+        if out.full() {
             break;
         }
     }
@@ -104,6 +107,12 @@ impl Tokens {
             }
         }
         self.0.push(token);
+    }
+
+    /// At [`MAX_TOKENS`]: later pushes could only append (a merge touches the last token
+    /// alone), so the first `MAX_TOKENS` are final and reading can stop.
+    fn full(&self) -> bool {
+        self.0.len() >= MAX_TOKENS
     }
 }
 
@@ -179,21 +188,37 @@ fn long_quote(rest: &str) -> Option<usize> {
 }
 
 fn tokenize_prose(text: &str, sentence_start: &mut bool, out: &mut Tokens) {
+    // Byte-wise: ASCII decides itself, and only a byte above 0x7F decodes its character.
+    let bytes = text.as_bytes();
     let mut chunk_start: Option<usize> = None;
-    for (i, c) in text
-        .char_indices()
-        .chain(std::iter::once((text.len(), ' ')))
-    {
-        if c.is_whitespace() {
+    let mut i = 0;
+    while i < bytes.len() {
+        let (whitespace, newline, width) = match bytes[i] {
+            b'\n' => (true, true, 1),
+            b'\t' | 0x0B | 0x0C | b'\r' | b' ' => (true, false, 1),
+            0..=0x7F => (false, false, 1),
+            _ => {
+                let c = text[i..].chars().next().unwrap_or(' ');
+                (c.is_whitespace(), false, c.len_utf8())
+            }
+        };
+        if whitespace {
             if let Some(start) = chunk_start.take() {
                 tokenize_chunk(&text[start..i], sentence_start, out);
+                if out.full() {
+                    return;
+                }
             }
-            if c == '\n' {
+            if newline {
                 *sentence_start = true;
             }
         } else if chunk_start.is_none() {
             chunk_start = Some(i);
         }
+        i += width;
+    }
+    if let Some(start) = chunk_start {
+        tokenize_chunk(&text[start..], sentence_start, out);
     }
 }
 
@@ -218,6 +243,12 @@ fn tokenize_chunk(chunk: &str, sentence_start: &mut bool, out: &mut Tokens) {
         *sentence_start |= starts_sentence;
         return;
     }
+    // Letters only (most chunks): one run, and no whole-chunk variable can match (each
+    // needs a digit or punctuation), so it is one word.
+    if core.bytes().all(|b| b.is_ascii_alphabetic()) {
+        word(core, starts_sentence, out);
+        return;
+    }
     if let Some(mask) = whole_chunk_mask(core) {
         out.push(Token::Mask(mask));
         return;
@@ -225,14 +256,14 @@ fn tokenize_chunk(chunk: &str, sentence_start: &mut bool, out: &mut Tokens) {
 
     let mut first_word = true;
     let mut run_start: Option<usize> = None;
-    let chars: Vec<(usize, char)> = core.char_indices().collect();
-    for (n, &(i, c)) in chars.iter().enumerate() {
+    for (i, c) in core.char_indices() {
         let in_word = c.is_alphanumeric() && !is_cjk(c)
             || (matches!(c, '\'' | '\u{2019}')
                 && run_start.is_some()
-                && chars
-                    .get(n + 1)
-                    .is_some_and(|(_, next)| next.is_alphabetic()));
+                && core[i + c.len_utf8()..]
+                    .chars()
+                    .next()
+                    .is_some_and(char::is_alphabetic));
         if in_word {
             run_start.get_or_insert(i);
             continue;
@@ -242,7 +273,7 @@ fn tokenize_chunk(chunk: &str, sentence_start: &mut bool, out: &mut Tokens) {
             first_word = false;
         }
         if is_cjk(c) {
-            out.push(Token::Word(c.to_string()));
+            out.push(Token::Word(Word::from(c.encode_utf8(&mut [0; 4]) as &str)));
             first_word = false;
         } else if !is_punctuation(c) && !c.is_whitespace() {
             out.push(Token::Symbol(c));
@@ -255,11 +286,19 @@ fn tokenize_chunk(chunk: &str, sentence_start: &mut bool, out: &mut Tokens) {
 
 /// Variables recognised on a whole chunk: URL, e-mail, handle, UUID/hex id, number.
 fn whole_chunk_mask(core: &str) -> Option<Mask> {
+    // Every rule below needs a digit, an '@', "://" or a "www." start: most chunks are
+    // plain words, settled by one byte scan.
+    if !core
+        .bytes()
+        .any(|b| b.is_ascii_digit() || b == b'@' || b == b':' || b == b'.')
+    {
+        return None;
+    }
     let lower_starts = |prefix: &str| {
         core.get(..prefix.len())
             .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
     };
-    if core.contains("://") || lower_starts("www.") {
+    if contains_scheme_separator(core) || lower_starts("www.") {
         return Some(Mask::Url);
     }
     if let Some(at) = core.find('@') {
@@ -292,6 +331,11 @@ fn whole_chunk_mask(core: &str) -> Option<Mask> {
     None
 }
 
+/// True when `core` contains "://" (a byte scan; `str::contains` sets up a searcher).
+fn contains_scheme_separator(core: &str) -> bool {
+    core.as_bytes().windows(3).any(|w| w == b"://")
+}
+
 /// A run of letters and digits: a number, a code, a name or a plain word.
 fn word(run: &str, starts_sentence: bool, out: &mut Tokens) {
     let digits = run.bytes().filter(u8::is_ascii_digit).count();
@@ -309,9 +353,9 @@ fn word(run: &str, starts_sentence: bool, out: &mut Tokens) {
         return out.push(Token::Mask(Mask::Name));
     }
     out.push(Token::Word(if run.is_ascii() {
-        run.to_ascii_lowercase()
+        Word::ascii_lowercase(run)
     } else {
-        caseless::default_case_fold_str(run)
+        Word::from(caseless::default_case_fold_str(run))
     }));
 }
 
@@ -329,6 +373,9 @@ fn looks_like_name(run: &str) -> bool {
     let rest = chars.as_str();
     rest.chars().any(char::is_lowercase) && !rest.chars().any(char::is_uppercase)
 }
+
+#[cfg(test)]
+mod reference;
 
 #[cfg(test)]
 mod tests {
@@ -407,6 +454,31 @@ mod tests {
     fn emoji_and_cjk_are_tokens() {
         assert_eq!(texts("great 🙂🙂 job"), ["great", "🙂", "🙂", "job"]);
         assert_eq!(texts("我想退款"), ["我", "想", "退", "款"]);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 2048, ..Default::default() })]
+
+        /// The single-pass tokenizer returns exactly what the original one returns.
+        #[test]
+        fn tokenize_matches_the_reference(text in crate::test_text::any_text()) {
+            proptest::prop_assert_eq!(tokenize(&text), reference::tokenize(&text));
+            let normalized = crate::normalize::normalize(&text);
+            proptest::prop_assert_eq!(tokenize(&normalized), reference::tokenize(&normalized));
+        }
+    }
+
+    #[test]
+    fn tokenize_matches_the_reference_past_the_token_limit() {
+        for text in [
+            "word ".repeat(MAX_TOKENS + 10),
+            "a 1 ".repeat(MAX_TOKENS),
+            format!("{} Mary Ann tail", "x ".repeat(MAX_TOKENS - 1)),
+            "🙂".repeat(MAX_TOKENS + 3),
+            format!("{}```code```", "y ".repeat(MAX_TOKENS)),
+        ] {
+            assert_eq!(tokenize(&text), reference::tokenize(&text));
+        }
     }
 
     #[test]

@@ -139,7 +139,8 @@ impl<'a> Vocab<'a> {
 
     /// Greedy longest-match-first WordPiece of one pre-tokenised word.
     fn word_pieces(&self, word: &str, out: &mut Vec<u32>) {
-        if word.chars().count() > MAX_CHARS_PER_WORD {
+        // Bytes bound characters: count them only for a long word.
+        if word.len() > MAX_CHARS_PER_WORD && word.chars().count() > MAX_CHARS_PER_WORD {
             out.push(self.unk);
             return;
         }

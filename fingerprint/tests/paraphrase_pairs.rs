@@ -157,7 +157,7 @@ fn words(text: &str) -> HashSet<String> {
     mask::tokenize(&normalize::normalize(text))
         .into_iter()
         .filter_map(|t| match t {
-            Token::Word(w) => Some(w),
+            Token::Word(w) => Some(w.to_string()),
             _ => None,
         })
         .collect()
