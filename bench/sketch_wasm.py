@@ -68,7 +68,7 @@ def main():
             urllib.request.urlopen(request, timeout=5).read()
         time.sleep(6)  # histograms reach /stats at the next flush (every 5 s)
         stats = urllib.request.urlopen(
-            f"http://127.0.0.1:{admin}/stats?filter=cohort_(fingerprint_us|fingerprinted_total|body_bytes)").read().decode()
+            f"http://127.0.0.1:{admin}/stats?filter=cohort_(fingerprint_us|sketch_us|fingerprinted_total|body_bytes)").read().decode()
         print(f"{args.requests} requests, {len(bodies[0])}-byte bodies with a {len(prompt(0))}-byte prompt, wasm {args.wasm}")
         print(stats)
     finally:

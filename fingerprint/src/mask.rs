@@ -131,10 +131,11 @@ fn split_blocks(text: &str) -> Vec<Piece<'_>> {
         let first = rest.as_bytes()[0];
         // Only a backtick or a quote can open a masked block; skip everything else fast.
         if !matches!(first, b'`' | b'"' | b'\'' | 0xC2 | 0xE2 | 0xE3) {
-            i += 1;
-            while i < text.len() && !text.is_char_boundary(i) {
-                i += 1;
-            }
+            // Those bytes never continue a UTF-8 sequence: jump to the next one.
+            i += text.as_bytes()[i..]
+                .iter()
+                .position(|b| matches!(b, b'`' | b'"' | b'\'' | 0xC2 | 0xE2 | 0xE3))
+                .unwrap_or(text.len() - i);
             continue;
         }
         let masked = if let Some(body) = rest.strip_prefix("```") {

@@ -20,7 +20,11 @@ pub fn normalize(text: &str) -> String {
     let text = head_and_tail(text);
     // ASCII is already NFKC and has no invisible characters: only controls to replace.
     if text.is_ascii() {
-        return text.replace(|c: char| c.is_ascii_control() && c != '\n', " ");
+        let control = |b: u8| b.is_ascii_control() && b != b'\n';
+        if !text.bytes().any(control) {
+            return text.into_owned();
+        }
+        return text.replace(|c: char| control(c as u8), " ");
     }
     let mut out = String::with_capacity(text.len());
     // Invisible characters go before composition: left in place, one between a letter and

@@ -30,13 +30,18 @@ enum Repr {
 impl Word {
     /// `text` with ASCII letters lowercased (what [`str::to_ascii_lowercase`] returns).
     pub fn ascii_lowercase(text: &str) -> Word {
-        match Word::inline(text) {
-            Some(Word(Repr::Inline { len, mut bytes })) => {
-                bytes[..usize::from(len)].make_ascii_lowercase();
-                Word(Repr::Inline { len, bytes })
-            }
-            _ => Word(Repr::Heap(text.to_ascii_lowercase().into_boxed_str())),
+        if text.len() > INLINE {
+            return Word(Repr::Heap(text.to_ascii_lowercase().into_boxed_str()));
         }
+        // One pass, copying and lowercasing (lowercasing ASCII keeps UTF-8 valid).
+        let mut bytes = [0; INLINE];
+        for (to, from) in bytes.iter_mut().zip(text.bytes()) {
+            *to = from.to_ascii_lowercase();
+        }
+        Word(Repr::Inline {
+            len: text.len() as u8,
+            bytes,
+        })
     }
 
     fn inline(text: &str) -> Option<Word> {

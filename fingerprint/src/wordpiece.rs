@@ -285,6 +285,42 @@ mod tests {
         assert_eq!(v.encode(""), Vec::<u32>::new());
     }
 
+    /// Every token of the embedded vocabulary is found under its own id (the first one
+    /// for a string listed twice), word-initial or `##`, and near misses are not found.
+    #[test]
+    fn every_embedded_token_is_found() {
+        let table = crate::sketch::table::Table::embedded().expect("embedded table");
+        let v = &table.vocab;
+        let mut longest_probe = 0;
+        for id in 0..v.len() as u32 {
+            let token = v.token(id).unwrap();
+            let (key, continuation) = match token.strip_prefix(CONTINUATION) {
+                Some(rest) if !rest.is_empty() => (rest, true),
+                _ => (token, false),
+            };
+            let found = v.lookup(key, continuation).expect(token);
+            assert_eq!(v.token(found), Some(token));
+            assert!(found <= id);
+            let mut probe = 0;
+            let mut slot = v.slot_of(
+                key,
+                if continuation {
+                    SEED_CONTINUATION
+                } else {
+                    SEED_START
+                },
+            );
+            while v.slots[slot] != found {
+                slot = (slot + 1) & (v.slots.len() - 1);
+                probe += 1;
+            }
+            longest_probe = probe.max(longest_probe);
+            assert_eq!(v.lookup(&format!("{key}\u{1}"), continuation), None);
+        }
+        // Linear probing at load 1/2 stays short with a well-mixed hash.
+        assert!(longest_probe < 64, "longest probe {longest_probe}");
+    }
+
     #[test]
     fn bad_unk_is_refused() {
         assert!(Vocab::new(vec!["a"], 3).is_none());

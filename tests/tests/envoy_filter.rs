@@ -456,12 +456,14 @@ fn stats_show_in_admin_stats_and_prometheus() {
         stats.contains("wasmcustom.cohort_body_bytes: P0"),
         "{stats}"
     );
+    assert!(stats.contains("wasmcustom.cohort_sketch_us: P0"), "{stats}");
     let prometheus = envoy.admin("/stats/prometheus");
     for name in [
         "# TYPE cohort_requests_total counter",
         "cohort_requests_total{} 6",
         "cohort_bypass_invalid_json_total{} 1",
         "cohort_fingerprint_us_count{} 5",
+        "cohort_sketch_us_count{} 5",
         "cohort_assign_ok_total{} 0",
     ] {
         assert!(
