@@ -11,6 +11,10 @@ A second table measures the latency the filter adds below saturation: oha at a f
 (--rate, default 500 requests/s) against each front, alternating, medians of p50 and p99.
 
   bench/filter_overhead.py [--duration 10] [--rounds 3] [--connections 16] [--rate 500]
+                           [--compare-wasm OLD.wasm]
+
+--compare-wasm adds a third front with another build of the filter (e.g. the main branch's,
+copied aside before rebuilding), measured in the same alternating rounds: rows "before".
 
 Needs scripts/setup (Envoy, wrk, the filter) and, for the fixed-rate table,
 `cargo install oha`. Prints markdown tables.
@@ -181,13 +185,16 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--rate", type=int, default=500)
+    parser.add_argument("--compare-wasm", help="another filter build, measured as a third front")
     args = parser.parse_args()
     for need in (ENVOY, FILTER):
         if not os.path.exists(need):
             sys.exit(f"{need} missing: run scripts/setup")
 
     workdir = tempfile.mkdtemp(prefix="cohort-bench-")
-    ports = {name: (free_port(), free_port()) for name in ("upstream", "baseline", "cohort")}
+    fronts = ["baseline", "cohort"] + (["before"] if args.compare_wasm else [])
+    ports = {name: (free_port(), free_port()) for name in ["upstream"] + fronts}
+    plugin = os.environ.get("COHORT_PLUGIN_JSON", '{"mode": "affinity"}')
     upstream_port = ports["upstream"][1]
     direct = 'direct_response: { status: 200, body: { inline_string: "{\\"ok\\":true}" } }'
     hashed = "route: { cluster: upstream, hash_policy: [ { header: { header_name: x-cohort-key } } ] }"
@@ -197,8 +204,12 @@ def main():
         "baseline": TEMPLATE.format(admin=ports["baseline"][0], port=ports["baseline"][1], route=hashed,
                                     filters=BUFFER, upstream=upstream_port),
         "cohort": TEMPLATE.format(admin=ports["cohort"][0], port=ports["cohort"][1], route=hashed,
-                                  filters=COHORT.format(wasm=FILTER, plugin=os.environ.get("COHORT_PLUGIN_JSON", '{"mode": "affinity"}')), upstream=upstream_port),
+                                  filters=COHORT.format(wasm=FILTER, plugin=plugin), upstream=upstream_port),
     }
+    if args.compare_wasm:
+        configs["before"] = TEMPLATE.format(admin=ports["before"][0], port=ports["before"][1], route=hashed,
+                                            filters=COHORT.format(wasm=os.path.abspath(args.compare_wasm),
+                                                                  plugin=plugin), upstream=upstream_port)
     procs = [start_envoy(workdir, name, config) for name, config in configs.items()]
     try:
         for admin, _ in ports.values():
@@ -210,21 +221,21 @@ def main():
             body_file = os.path.join(workdir, f"body-{size}.json")
             with open(body_file, "wb") as f:
                 f.write(body)
-            results = {"baseline": [], "cohort": []}
+            results = {name: [] for name in fronts}
             for _ in range(args.rounds):
-                for name in ("baseline", "cohort"):
+                for name in fronts:
                     results[name].append(run_wrk(ports[name][1], body_file, args))
             med = {name: [statistics.median(r[i] for r in runs) for i in range(3)] + [sum(r[3] for r in runs)]
                    for name, runs in results.items()}
             rows.append((len(body), med))
             if oha:
-                latencies = {"baseline": [], "cohort": []}
+                latencies = {name: [] for name in fronts}
                 for _ in range(args.rounds):
-                    for name in ("baseline", "cohort"):
+                    for name in fronts:
                         latencies[name].append(run_oha(oha, ports[name][1], body_file, args))
                 fixed_rate.append((len(body), {name: [statistics.median(r[i] for r in runs) for i in range(2)]
                                                + [min(r[2] for r in runs)] for name, runs in latencies.items()}))
-        stats = urllib.request.urlopen(f"http://127.0.0.1:{ports['cohort'][0]}/stats?filter=cohort_(fingerprinted_total|bypass_total|fingerprint_us)").read().decode()
+        stats = urllib.request.urlopen(f"http://127.0.0.1:{ports['cohort'][0]}/stats?filter=cohort_(fingerprinted_total|bypass_total|fingerprint_us|sketch_us)").read().decode()
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -236,17 +247,21 @@ def main():
     print("| body | baseline rps | cohort rps | rps ratio | baseline p50 / p99 (ms) | cohort p50 / p99 (ms) | added p50 / p99 (ms) | non-2xx |")
     print("|---|---|---|---|---|---|---|---|")
     for size, med in rows:
-        b, c = med["baseline"], med["cohort"]
-        print(f"| {size:,} B | {b[0]:,.0f} | {c[0]:,.0f} | {c[0] / b[0]:.2f} | {b[1]:.3f} / {b[2]:.3f} | "
-              f"{c[1]:.3f} / {c[2]:.3f} | {c[1] - b[1]:+.3f} / {c[2] - b[2]:+.3f} | {b[3] + c[3]} |")
+        for name in fronts[1:]:
+            b, c = med["baseline"], med[name]
+            label = f"{size:,} B" + (" (before)" if name == "before" else "")
+            print(f"| {label} | {b[0]:,.0f} | {c[0]:,.0f} | {c[0] / b[0]:.2f} | {b[1]:.3f} / {b[2]:.3f} | "
+                  f"{c[1]:.3f} / {c[2]:.3f} | {c[1] - b[1]:+.3f} / {c[2] - b[2]:+.3f} | {b[3] + c[3]} |")
     if fixed_rate:
         print(f"\nFixed rate: oha -q {args.rate} -c 8 -z {args.duration}s, {args.rounds} alternating rounds, medians\n")
         print("| body | baseline p50 / p99 (ms) | cohort p50 / p99 (ms) | added p50 / p99 (ms) | success |")
         print("|---|---|---|---|---|")
         for size, med in fixed_rate:
-            b, c = med["baseline"], med["cohort"]
-            print(f"| {size:,} B | {b[0]:.3f} / {b[1]:.3f} | {c[0]:.3f} / {c[1]:.3f} | "
-                  f"{c[0] - b[0]:+.3f} / {c[1] - b[1]:+.3f} | {min(b[2], c[2]):.0%} |")
+            for name in fronts[1:]:
+                b, c = med["baseline"], med[name]
+                label = f"{size:,} B" + (" (before)" if name == "before" else "")
+                print(f"| {label} | {b[0]:.3f} / {b[1]:.3f} | {c[0]:.3f} / {c[1]:.3f} | "
+                      f"{c[0] - b[0]:+.3f} / {c[1] - b[1]:+.3f} | {min(b[2], c[2]):.0%} |")
     else:
         print("\n(oha not found: `cargo install oha` for the fixed-rate latency table)")
     print("\ncohort filter stats:\n" + stats)

@@ -6,7 +6,9 @@ native benchmark. One Envoy (one worker) with the Cohort filter in affinity mode
 a direct_response upstream; the script POSTs chat bodies whose only message is a ~1 KB
 user prompt (ShareGPT-like prose with variables; 64 different prompts, after a warm-up),
 then reads `cohort_fingerprint_us` (time of the whole body fingerprint: JSON parse,
-canonical prompt, prefix hashes, normalise, mask, sketch) from /stats.
+canonical prompt, prefix hashes, normalise, mask, sketch) and `cohort_sketch_us` (the
+normalise + mask + sketch step alone) from /stats. --wasm runs another build of the filter
+(e.g. the main branch's, copied aside) to compare; alternate runs of the two.
 
   bench/sketch_wasm.py [--requests 2000] [--wasm target/wasm/cohort_filter.wasm]
 

@@ -316,6 +316,8 @@ mod tests {
             }
             longest_probe = probe.max(longest_probe);
             assert_eq!(v.lookup(&format!("{key}\u{1}"), continuation), None);
+            // The other kind (word-initial vs `##`) never answers with this token.
+            assert_ne!(v.lookup(key, !continuation), Some(found));
         }
         // Linear probing at load 1/2 stays short with a well-mixed hash.
         assert!(longest_probe < 64, "longest probe {longest_probe}");
