@@ -10,7 +10,7 @@ canonical prompt, prefix hashes, normalise, mask, sketch) and `cohort_sketch_us`
 normalise + mask + sketch step alone) from /stats. --wasm runs another build of the filter
 (e.g. the main branch's, copied aside) to compare; alternate runs of the two.
 
-  bench/sketch_wasm.py [--requests 2000] [--wasm target/wasm/cohort_filter.wasm]
+  bench/sketch_wasm.py [--requests 2000] [--wasm target/wasm/cohort_filter.wasm] [--body FILE]
 
 Needs Envoy (scripts/setup; COHORT_ENVOY overrides) and scripts/build-wasm.
 """
@@ -46,6 +46,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--wasm", default=FILTER)
+    ap.add_argument("--body", help="POST this file's bytes instead of the generated 1 KB prompts")
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="cohort-sketch-bench-")
     admin, port, up_admin, up_port = free_port(), free_port(), free_port(), free_port()
@@ -61,8 +62,12 @@ def main():
     try:
         wait_ready(up_admin)
         wait_ready(admin)
-        bodies = [json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt(i)}]}).encode()
-                  for i in range(64)]
+        if args.body:
+            with open(args.body, "rb") as f:
+                bodies = [f.read()]
+        else:
+            bodies = [json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt(i)}]}).encode()
+                      for i in range(64)]
         for n in range(args.requests):
             request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
                                              data=bodies[n % len(bodies)],
@@ -71,7 +76,8 @@ def main():
         time.sleep(6)  # histograms reach /stats at the next flush (every 5 s)
         stats = urllib.request.urlopen(
             f"http://127.0.0.1:{admin}/stats?filter=cohort_(fingerprint_us|sketch_us|fingerprinted_total|body_bytes)").read().decode()
-        print(f"{args.requests} requests, {len(bodies[0])}-byte bodies with a {len(prompt(0))}-byte prompt, wasm {args.wasm}")
+        what = args.body or f"a {len(prompt(0))}-byte prompt"
+        print(f"{args.requests} requests, {len(bodies[0])}-byte bodies ({what}), wasm {args.wasm}")
         print(stats)
     finally:
         for proc in procs:
