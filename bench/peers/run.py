@@ -44,21 +44,55 @@ SIM_KV_BLOCKS = 2048   # per replica, 16-token blocks (engine-sim's --kv-blocks)
 SIM_SLOTS = 8
 LLAMA_SLOTS = 2
 
-# Presets: the sizes that fit the 2-core box (see docs/BENCHMARKS.md for the measured times).
+# Workload settings: the flags a run is built with. Presets give them per workload (the
+# Mooncake trace is time-compressed, the templated app has no timestamps and takes a rate);
+# a flag given on the command line overrides the preset for every workload.
+SETTINGS = ("requests", "duration", "rate", "arrival", "time_scale", "max_tokens", "scale_tokens")
+
+# Presets: the sizes that fit the 2-core box (docs/BENCHMARKS.md has the measured times).
+_MOONCAKE = dict(arrival="trace", time_scale=0.1, scale_tokens=0.25, max_tokens=16)
+_TEMPLATED = dict(arrival="poisson", rate=20.0, time_scale=0.1, scale_tokens=1.0, max_tokens=16)
 PRESETS = {
     # The whole simulated matrix in about 10 minutes: 2 workloads x 2 sizes x 8 contenders.
-    "quick": dict(engine="sim", replicas="4,8", workloads="mooncake-conv,templated-app", duration=8.0,
-                  rate=None, arrival="trace", time_scale=None, max_tokens=None),
+    "quick": dict(engine="sim", replicas="4,8", workloads="mooncake-conv,templated-app",
+                  per_workload={"mooncake-conv": dict(_MOONCAKE, duration=8.0),
+                                "templated-app": dict(_TEMPLATED, duration=8.0)}),
     # The matrix of docs/BENCHMARKS.md.
-    "full": dict(engine="sim", replicas="4,8", workloads="mooncake-conv,templated-app", duration=20.0,
-                 rate=None, arrival="trace", time_scale=None, max_tokens=None),
-    # Three real llama-server replicas (Gemma 3 270M, 1 thread each): about 2 requests/s on 2 cores.
-    "llama": dict(engine="llama", replicas="3", workloads="templated-app", duration=30.0, rate=1.5,
-                  arrival="poisson", time_scale=None, max_tokens=8),
-    # Load steps (10 s up, 30 s hold, 10 s down) for batch mode's p95-stability goal.
-    "step": dict(engine="sim", replicas="4", workloads="templated-app", duration=50.0, rate=None,
-                 arrival="step", time_scale=None, max_tokens=None, contenders="envoy-rr,cohort-affinity,cohort-batch"),
+    "full": dict(engine="sim", replicas="4,8", workloads="mooncake-conv,templated-app",
+                 per_workload={"mooncake-conv": dict(_MOONCAKE, duration=20.0),
+                               "templated-app": dict(_TEMPLATED, duration=20.0)}),
+    # Three real llama-server replicas (Gemma 3 270M, 1 thread each, 2 slots): the 2-core box
+    # serves well under one request per second of these prompts.
+    "llama": dict(engine="llama", replicas="3", workloads="templated-app",
+                  per_workload={"templated-app": dict(arrival="poisson", rate=0.4, duration=40.0, time_scale=1.0,
+                                                      scale_tokens=0.25, max_tokens=8)}),
+    # Load steps (10 s up, 30 s hold, 10 s down per level, x time_scale) for batch mode's
+    # p95-stability goal.
+    "step": dict(engine="sim", replicas="4", workloads="templated-app",
+                 contenders="envoy-rr,cohort-affinity,cohort-batch",
+                 per_workload={"templated-app": dict(arrival="step", rate=40.0, time_scale=0.25, scale_tokens=1.0,
+                                                     max_tokens=16)}),
 }
+
+
+def settings(args, workload):
+    """The workload settings of one workload: flags given > the preset's for this workload."""
+    merged = dict(args.preset_settings.get(workload, {}))
+    for key in SETTINGS:
+        value = getattr(args, key)
+        if value is not None:
+            merged[key] = value
+    merged.setdefault("arrival", "trace")
+    merged.setdefault("time_scale", 1.0)
+    return merged
+
+
+def effective_arrival(workloads, workload, arrival):
+    """The arrival process a workload really gets (those without timestamps replace "trace" by
+    poisson), for the report's labels."""
+    if arrival == "trace" and not workloads.has_trace(workload):
+        return "poisson"
+    return arrival
 
 
 def cohort_bin():
@@ -134,9 +168,11 @@ def normalise_replica(value):
     return f"replica-{value}" if value.isdigit() else value
 
 
-def run_one(args, engine, workload, requests, count, contender, workdir, calibration, bound, progress_cls):
+def run_one(args, engine, workload, requests, count, contender, workdir, calibration, bound, progress_cls, config):
+    """One contender on fresh engines; returns the run dict bench/peers/report.py reads.
+    `config` is settings() plus the effective arrival."""
     label = f"{workload}-{count}-{contender}"
-    procs, ports = start_engines(engine, workdir, count, args.time_scale if engine == "sim" else None, label)
+    procs, ports = start_engines(engine, workdir, count, config["time_scale"] if engine == "sim" else None, label)
     names = {f"127.0.0.1:{p}": f"replica-{i}" for i, p in enumerate(ports)}
     router = None
     try:
@@ -162,9 +198,9 @@ def run_one(args, engine, workload, requests, count, contender, workdir, calibra
                                    "requests": (a[2] - b[2]) if a[2] is not None else None}
     failed = sum(1 for r in records if r["error"])
     print(f"{label}: {len(records) - failed}/{len(records)} ok in {wall:.1f} s", file=sys.stderr)
-    return {"contender": contender, "replicas": count, "workload": workload, "arrival": args.arrival,
+    return {"contender": contender, "replicas": count, "workload": workload, "arrival": config["arrival"],
             "engine": engine, "calibration": calibration, "pooled_bound": bound, "duration_s": wall,
-            "time_scale": args.time_scale, "seed": args.seed, "records": records, "engine_metrics": metrics}
+            "settings": config, "seed": args.seed, "records": records, "engine_metrics": metrics}
 
 
 def pooled_bound(requests, count, workdir, label):
@@ -182,12 +218,13 @@ def pooled_bound(requests, count, workdir, label):
     return json.loads(out.stdout)["hit_ratio"]
 
 
-def build_requests(workloads, args, name):
-    kwargs = dict(seed=args.seed, arrival=args.arrival)
-    for key in ("duration_s", "rate", "time_scale", "max_tokens", "n"):
-        value = getattr(args, key if key != "n" else "requests", None)
-        if value is not None:
-            kwargs[key] = value
+def build_requests(workloads, args, name, config):
+    """The workload's request list for these settings, with the engines' model name."""
+    kwargs = dict(seed=args.seed, arrival=config["arrival"], time_scale=config["time_scale"])
+    for key, arg in (("n", "requests"), ("duration_s", "duration"), ("rate", "rate"),
+                     ("max_tokens", "max_tokens"), ("scale_tokens", "scale_tokens")):
+        if config.get(arg) is not None:
+            kwargs[key] = config[arg]
     requests = workloads.build(name, **kwargs)
     for r in requests:
         r["body"]["model"] = MODEL_NAME
@@ -202,22 +239,24 @@ def parse_args(argv):
     parser.add_argument("--replicas", help="comma-separated replica counts, e.g. 4,8")
     parser.add_argument("--workloads", help="comma-separated workload names (bench/peers/workloads.py)")
     parser.add_argument("--contenders", help=f"comma-separated (default all: {','.join(contenders.NAMES)})")
-    parser.add_argument("--requests", type=int, help="requests per run (else --duration decides)")
+    parser.add_argument("--requests", type=int, help="at most this many requests per run")
     parser.add_argument("--duration", type=float, help="seconds of (scaled) arrivals per run")
     parser.add_argument("--rate", type=float, help="requests/s for poisson/bursty/step arrivals")
     parser.add_argument("--arrival", choices=("trace", "poisson", "bursty", "step"))
-    parser.add_argument("--time-scale", type=float, help="compress the trace's clock (and the simulator's) by this factor")
+    parser.add_argument("--time-scale", type=float,
+                        help="multiply every duration by this, the trace's clock and the simulator's costs alike")
     parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--scale-tokens", type=float, help="scale prompt lengths by this")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--out", help="results folder (default results/peers/<UTC timestamp>/)")
     args = parser.parse_args(argv)
     preset = dict(PRESETS["quick" if args.quick else (args.preset or "full")])
-    for key, value in preset.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    args.contenders = args.contenders or ",".join(contenders.NAMES)
-    args.duration_s = args.duration
+    args.engine = args.engine or preset["engine"]
+    args.replicas = args.replicas or preset["replicas"]
+    args.workloads = args.workloads or preset["workloads"]
+    args.contenders = args.contenders or preset.get("contenders") or ",".join(contenders.NAMES)
+    args.preset_settings = preset.get("per_workload", {})
     if args.out is None:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         args.out = os.path.join(stack.ROOT, "results/peers", stamp)
@@ -246,21 +285,24 @@ def main(argv=None):
     runs = []
     try:
         for workload in args.workloads.split(","):
-            requests = build_requests(workloads, args, workload)
+            config = settings(args, workload)
+            requests = build_requests(workloads, args, workload, config)
+            config["arrival"] = effective_arrival(workloads, workload, config["arrival"])
             for count in [int(c) for c in args.replicas.split(",")]:
                 bound = pooled_bound(requests, count, workdir, f"{workload}-{count}") if args.engine == "sim" else None
                 span = requests[-1]["t"] if requests else 0
-                print(f"{workload} x {count} replicas: {len(requests)} requests over {span:.1f} s"
+                print(f"{workload} x {count} replicas: {len(requests)} requests over {span:.1f} s ({config})"
                       + (f", pooled-cache bound {bound:.3f}" if bound is not None else ""), file=sys.stderr)
                 for contender in args.contenders.split(","):
                     try:
                         runs.append(run_one(args, args.engine, workload, requests, count, contender, workdir,
-                                            calibration, bound, Progress))
+                                            calibration, bound, Progress, config))
                     except SystemExit as e:
                         # One contender that cannot start must not cost the matrix: say so, go on.
                         print(f"{workload}-{count}-{contender}: FAILED to run: {e}", file=sys.stderr)
+                        stack.stop_all()
                     with open(os.path.join(args.out, "runs.json"), "w") as f:
-                        json.dump({"args": vars(args), "runs": runs}, f)
+                        json.dump({"args": {k: v for k, v in vars(args).items()}, "runs": runs}, f)
     except KeyboardInterrupt:
         print("\ninterrupted; stopping engines and routers", file=sys.stderr)
         return 130

@@ -41,7 +41,8 @@ class RunnerSmoke(unittest.TestCase):
         args = run.parse_args(["--engine", "sim", "--replicas", "4", "--workloads", "templated-app",
                                "--contenders", "envoy-rr,cohort-affinity", "--arrival", "poisson",
                                "--rate", "10", "--duration", "4", "--request-timeout", "30", "--out", self.out])
-        requests = run.build_requests(workloads, args, "templated-app")
+        config = run.settings(args, "templated-app")
+        requests = run.build_requests(workloads, args, "templated-app", config)
         self.assertGreater(len(requests), 10)
         workdir = tempfile.mkdtemp(prefix="bench-peers-smoke-logs-")
         self.addCleanup(shutil.rmtree, workdir, True)
@@ -51,7 +52,7 @@ class RunnerSmoke(unittest.TestCase):
         runs = {}
         for contender in ("envoy-rr", "cohort-affinity"):
             runs[contender] = run.run_one(args, "sim", "templated-app", requests, 4, contender, workdir,
-                                          None, bound, None)
+                                          None, bound, None, config)
         for name, result in runs.items():
             records = result["records"]
             self.assertEqual(len(records), len(requests), name)
