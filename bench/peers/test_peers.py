@@ -34,6 +34,12 @@ class WorkloadTests(unittest.TestCase):
         with self.assertRaises(workloads.WorkloadError):
             workloads.build("nope")
 
+    def test_render_matches_engine_sim(self):
+        m = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        self.assertEqual(workloads.render(m), "system\nBe brief.\nuser\nHi\n")
+        self.assertEqual(workloads.prompt_tokens(m), 7)  # 25 bytes, rounded up
+        self.assertEqual(workloads.prompt_tokens([{"role": "user", "content": "é"}]), 2)  # 8 bytes
+
     def test_deterministic_per_seed(self):
         for name in workloads.NAMES:
             for arrival in ("poisson", "bursty"):
@@ -216,6 +222,13 @@ class WorkloadTests(unittest.TestCase):
             ramp = rate * level * 5 * ts  # a linear ramp carries half its peak rate
             self.assertAlmostEqual(counts[f"L{i + 1}/up"], ramp, delta=4 * ramp**0.5 + 1)
         self.assertLess(reqs[-1]["t"], 200 * ts)
+        # sessions: every turn is labelled by its own arrival time
+        reqs = workloads.build("sharegpt-multiturn", arrival="step", rate=6.0, time_scale=0.2)
+        spans = {p[0]: (p[1], p[2]) for p in workloads.step_rates(6.0 / workloads._sharegpt_mean_turns(), 0.2)}
+        self.assertGreater(len(reqs), 50)
+        for r in reqs:
+            t0, t1 = spans[r["step"]]
+            self.assertTrue(t0 <= r["t"] < t1 or (r["step"] == "L4/down" and r["t"] >= t1), r["t"])
 
 
 def rec(i, t, replica, prompt, cached, ttft, e2e, engine_ttft, step, status=200, error=None):

@@ -21,8 +21,8 @@ A request (`Request`) is a dict:
           ShareGPT session, the templated app, the Azure request
   step    str|None: load-step label of the step ramp (see `step_rates`), else None
 
-The rendered prompt (`render`) is the message contents joined by "\\n"; the simulator counts
-one token per 4 bytes of it.
+The rendered prompt (`render`) is engine-sim's: "<role>\\n<content>\\n" per message; the
+simulator counts one token per 4 bytes of it (so 16-token cache blocks are 64 bytes).
 
 Workloads (`NAMES`, `describe`):
   mooncake-conv      data/traces/mooncake_conversation_trace.jsonl (Mooncake, Apache-2.0).
@@ -34,7 +34,7 @@ Workloads (`NAMES`, `describe`):
       one cut so the prompt is input_length x 4 x scale_tokens bytes. output_length ->
       max_tokens (capped by `max_tokens`). Arrival "trace": timestamp (ms) x time_scale.
   azure-conv         data/traces/azure_llm_inference_2023_conv_first3000.csv (Azure 2023,
-      CC-BY-4.0): arrivals and lengths (ContextTokens -> prompt bytes x 4 x scale_tokens,
+      CC-BY-4.0): arrivals and lengths (ContextTokens -> rendered prompt bytes x 4 x scale_tokens,
       GeneratedTokens -> max_tokens); the text is unique random words (no shared prefix
       beyond chance): it measures load, not caching.
   sharegpt-multiturn data/prompts/sharegpt_v3_multiturn_subset.jsonl (ShareGPT V3,
@@ -60,9 +60,12 @@ Arrival processes (`arrival=`):
            For ShareGPT the units are sessions (bursts of session starts).
   step     a step ramp: levels rate x STEP_LEVELS (0.25, 0.5, 0.75, 1.0), one after another.
            Each level is a trapezoid: 10 s linear ramp up from 0, 30 s hold, 10 s linear
-           ramp down to 0 (all x time_scale), arrivals a non-homogeneous Poisson process.
-           Labels: "L1".."L4" during the holds, "L1/up", "L1/down", ... on the ramps (the
-           report compares the holds).
+           ramp down to 0 (all x time_scale; 200 s x time_scale in all), arrivals a
+           non-homogeneous Poisson process (ShareGPT: of session starts). Each request is
+           labelled by its own arrival time: "L1".."L4" during the holds, "L1/up",
+           "L1/down", ... on the ramps (the report compares the holds); a ShareGPT turn
+           that arrives after the ramp's end is labelled "L4/down". The ramp bounds the
+           run, so templated-app needs no n here.
 
 `n` caps the number of requests, `duration_s` drops arrivals at or after it. A workload ends
 early when its data runs out (no wrap-around: repeating a trace would invent cache hits).
@@ -117,8 +120,17 @@ def describe(name):
 
 
 def render(messages):
-    """The prompt text the simulator counts (4 bytes per token): the contents joined by a newline."""
-    return "\n".join(m["content"] for m in messages)
+    """The prompt exactly as engine-sim renders it: "<role>\n<content>\n" per message,
+    concatenated (engine-sim/src/render.rs); one token per 4 bytes of it, rounded up."""
+    return "".join(f"{m['role']}\n{m['content']}\n" for m in messages)
+
+
+def prompt_tokens(messages):
+    """The simulator's prompt token count: ceil(rendered bytes / 4)."""
+    return -(-len(render(messages).encode("utf-8")) // BYTES_PER_TOKEN)
+
+
+USER_FRAME = len(render([{"role": "user", "content": ""}]))  # "user\n" + "\n"
 
 
 def prefix_hash(messages):
@@ -147,13 +159,11 @@ _VOCAB = _make_vocab()
 
 def _words(rng, nbytes, tag):
     """`tag` then random vocabulary words, exactly `nbytes` bytes (ASCII)."""
-    parts = [tag]
-    size = len(tag)
-    while size < nbytes:
-        w = rng.choice(_VOCAB)
-        parts.append(w)
-        size += len(w) + 1
-    return " ".join(parts)[:nbytes]
+    text = tag
+    while len(text) < nbytes:
+        # words average about 5.5 bytes with their space: draw enough in one call
+        text += " " + " ".join(rng.choices(_VOCAB, k=(nbytes - len(text)) // 4 + 4))
+    return text[:nbytes]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -198,7 +208,8 @@ def _mooncake_units(name, path, *, scale_tokens, max_tokens, salt, **_):
     common = _common_roots(path)
     for row in _read_jsonl(path):
         ids = row["hash_ids"]
-        want = max(1, round(row["input_length"] * BYTES_PER_TOKEN * scale_tokens))
+        # the rendered prompt ("user\n" + text + "\n") is input_length x 4 x scale bytes
+        want = max(1, round(row["input_length"] * BYTES_PER_TOKEN * scale_tokens) - USER_FRAME)
         parts = []
         size = 0
         for h in ids:
@@ -246,7 +257,7 @@ def _azure_units(path, *, scale_tokens, max_tokens, salt, seed, **_):
             ts = datetime.datetime.fromisoformat(row["TIMESTAMP"][:26])
             t0 = t0 or ts
             rng = random.Random(f"{salt}|az|{seed}|{i}")
-            nbytes = max(1, round(int(row["ContextTokens"]) * BYTES_PER_TOKEN * scale_tokens))
+            nbytes = max(1, round(int(row["ContextTokens"]) * BYTES_PER_TOKEN * scale_tokens) - USER_FRAME)
             text = _unique_text(rng, nbytes, f"[{salt}az {seed} {i}]")
             yield [
                 {
@@ -352,6 +363,14 @@ def step_rates(rate, time_scale=1.0):
     return pieces
 
 
+def step_label(pieces, t):
+    """The label of the step-ramp piece holding time t ("L4/down" past the end)."""
+    for label, t0, t1, _, _ in pieces:
+        if t0 <= t < t1:
+            return label
+    return pieces[-1][0] if pieces and t >= pieces[-1][2] else None
+
+
 def _step_times(rng, rate, time_scale):
     """Non-homogeneous Poisson arrivals over the step ramp (thinning), as (t, label)."""
     out = []
@@ -439,7 +458,7 @@ def build(
     )
     if arrival == "trace" and not has_trace:
         arrival = "poisson"
-    if n is None and duration_s is None and name == "templated-app":
+    if n is None and duration_s is None and name == "templated-app" and arrival != "step":
         n = DEFAULT_N
     rate = DEFAULT_RATE if rate is None else rate
     rng = random.Random(f"arrival|{name}|{arrival}|{seed}")
@@ -473,14 +492,18 @@ def build(
                 break
             place(start, unit, None)
     elif arrival == "step":
-        pieces = _step_times(rng, rate / _mean_unit_len(name), time_scale)
-        for (start, label), unit in zip(pieces, units):
+        starts = _step_times(rng, rate / _mean_unit_len(name), time_scale)
+        for (start, _label), unit in zip(starts, units):
             if done(start):
                 break
-            place(start, unit, label)
+            place(start, unit, "step")
     else:  # bursty
         _bursty(rng, name, units, rate, time_scale, n, duration_s, place, done)
 
+    if arrival == "step":
+        # label by the request's own arrival (a session's later turns may fall in a later piece)
+        pieces = step_rates(rate / _mean_unit_len(name), time_scale)
+        timed = [(t, step_label(pieces, t), item) for t, _, item in timed]
     timed.sort(key=lambda x: x[0])
     if duration_s is not None:
         timed = [x for x in timed if x[0] < duration_s]
