@@ -9,7 +9,7 @@ A run dict (made by the runner): contender, replicas, workload, arrival, engine
 total capacity, or None), duration_s, records (one per request: id, group, step, t_sched,
 t_sent, status, error, ttft_ms, e2e_ms, replica, prompt_tokens, cached_tokens,
 completion_tokens, engine_ttft_ms) and engine_metrics {replica: {prompt_tokens, hit_tokens,
-requests}} (engine-reported deltas over the run). Optional: window_s (see below).
+requests}} (engine-reported deltas over the run). Optional: time_scale, window_s (see below).
 
 Definitions (`summarise`):
 - ok requests: status 200 and no error; latency percentiles and usage use only those.
@@ -22,10 +22,10 @@ Definitions (`summarise`):
   that served it at its scheduled arrival time t_sched. Windowed max/mean = sum over windows
   of (max replica work) / sum over windows of (mean replica work), i.e. the work-weighted
   mean of each window's max/mean, so idle windows weigh nothing. The mean is over all
-  replicas (max(run replicas, replicas seen)), idle ones count as 0. Window W = run's
-  window_s if given, else 10 s, shrunk to duration_s / 10 for runs under 100 s (a
-  time-compressed run keeps at least ten windows). Whole-run max/mean is the same over one
-  window.
+  replicas (max(run replicas, replicas seen)), idle ones count as 0. Window W = the run's
+  window_s if given, else 10 s x the run's time_scale (default 1: the workload clock is
+  compressed by it, so W covers the same share of the trace), shrunk to duration_s / 3 for
+  runs shorter than three windows. Whole-run max/mean is the same over one window.
 - added latency: median of (client TTFT - engine_ttft_ms) where the engine reported its TTFT:
   what the router or filter (and the network hop) add before the first token.
 - steps: per step label, n and TTFT/e2e p95. The step ramp's holds are "L1".."L4"; ramps
@@ -95,10 +95,11 @@ def window_s(run):
     """The load window W in seconds (see the module docstring)."""
     if run.get("window_s"):
         return float(run["window_s"])
+    w = DEFAULT_WINDOW_S * float(run.get("time_scale") or 1.0)
     d = float(run.get("duration_s") or 0.0)
-    if 0 < d < 10 * DEFAULT_WINDOW_S:
-        return d / 10.0
-    return DEFAULT_WINDOW_S
+    if 0 < d < 3 * w:
+        return d / 3.0
+    return w
 
 
 def _load_ratios(run, ok):
@@ -389,9 +390,13 @@ def markdown(runs, summaries=None):
             for s in ss:
                 cells = [_fmt(s["steps"].get(k, {}).get("ttft_p95"), 1) for k in labels]
                 out.append(f"| {s['contender']} | " + " | ".join(cells) + " |")
-        cal = [s for s in ss if s.get("calibration")]
-        for s in cal:
-            out.append(f"\nCalibration ({s['contender']}): `{json.dumps(s['calibration'], sort_keys=True)}`")
+        cals = {}
+        for s in ss:
+            if s.get("calibration"):
+                cals.setdefault(json.dumps(s["calibration"], sort_keys=True), []).append(s["contender"])
+        for cal, names in cals.items():
+            who = "all contenders" if len(names) == len(ss) else ", ".join(names)
+            out.append(f"\nEngine calibration ({who}): `{cal}`")
         out.append("")
     rows = goals(summaries)
     out.append("## Goals\n")
@@ -409,6 +414,11 @@ def markdown(runs, summaries=None):
         out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     out.append("")
     return "\n".join(out)
+
+
+def _legend(ax):
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
 
 
 def _slug(*parts):
@@ -450,7 +460,7 @@ def plots(runs, outdir, summaries=None):
         ax.set_ylabel("fraction of requests")
         ax.set_title(f"TTFT CDF: {_group_label(key)}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend(ax)
         p = outdir / f"ttft_cdf_{_slug(*key)}.png"
         fig.tight_layout()
         fig.savefig(p, dpi=110)
@@ -479,7 +489,7 @@ def plots(runs, outdir, summaries=None):
         ax.set_xticks(sorted({s["replicas"] for s in ss}))
         ax.set_title(f"Hit ratio vs replicas: {' · '.join(map(str, key))}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend(ax)
         p = outdir / f"hit_vs_replicas_{_slug(*key)}.png"
         fig.tight_layout()
         fig.savefig(p, dpi=110)
@@ -500,7 +510,7 @@ def plots(runs, outdir, summaries=None):
         ax.set_ylabel("TTFT p95 (ms)")
         ax.set_title(f"TTFT p95 vs load step: {_group_label(key)}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend(ax)
         p = outdir / f"p95_vs_step_{_slug(*key)}.png"
         fig.tight_layout()
         fig.savefig(p, dpi=110)

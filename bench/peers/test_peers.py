@@ -308,11 +308,17 @@ class ReportTests(unittest.TestCase):
         self.assertAlmostEqual(s["steps"]["L2"]["ttft_p95"], 39.5)
 
     def test_summarise_usage_fallback_and_window_default(self):
-        s = report.summarise(synthetic_run(engine_metrics={}, window_s=None, duration_s=20.0))
+        s = report.summarise(synthetic_run(engine_metrics={}, window_s=None, duration_s=40.0))
         self.assertEqual(s["hit_source"], "usage")
         self.assertAlmostEqual(s["hit_ratio"], 250 / 600)
-        self.assertEqual(s["window_s"], 2.0)  # 20 s run -> ten windows
+        self.assertEqual(s["window_s"], 10.0)
+        # no record has a replica: no load numbers
+        s = report.summarise(synthetic_run(records=[rec(0, 0.0, None, 10, 0, 1.0, 2.0, None, None)], engine_metrics={}, replicas=0))
+        self.assertIsNone(s["load_max_mean_windowed"])
         self.assertEqual(report.window_s({"duration_s": 600}), 10.0)
+        self.assertEqual(report.window_s({"duration_s": 600, "time_scale": 0.2}), 2.0)
+        self.assertEqual(report.window_s({"duration_s": 3, "time_scale": 0.2}), 1.0)  # three windows at least
+        self.assertEqual(report.window_s({"duration_s": 3, "window_s": 0.5}), 0.5)
 
     def summaries(self):
         def s(contender, hit, p90, load, steps=None, pooled=0.6, **kw):
