@@ -40,6 +40,15 @@ class WorkloadTests(unittest.TestCase):
         self.assertEqual(workloads.prompt_tokens(m), 7)  # 25 bytes, rounded up
         self.assertEqual(workloads.prompt_tokens([{"role": "user", "content": "é"}]), 2)  # 8 bytes
 
+    def test_salt_changes_every_prompt_start(self):
+        for name in workloads.NAMES:
+            a = workloads.build(name, n=20, arrival="poisson", scale_tokens=0.1)
+            b = workloads.build(name, n=20, arrival="poisson", scale_tokens=0.1, salt="run2")
+            self.assertEqual([r["t"] for r in a], [r["t"] for r in b], name)
+            for x, y in zip(a, b):
+                rx, ry = workloads.render(x["body"]["messages"]), workloads.render(y["body"]["messages"])
+                self.assertLess(common_prefix(rx, ry), 16, name)  # not one 64-byte cache block
+
     def test_deterministic_per_seed(self):
         for name in workloads.NAMES:
             for arrival in ("poisson", "bursty"):

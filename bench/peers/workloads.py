@@ -30,13 +30,16 @@ Workloads (`NAMES`, `describe`):
       Each hash_id is a 512-token block of the trace; it becomes a deterministic block of
       word-like ASCII text of 512 x 4 x scale_tokens bytes (2,048 bytes at scale 1) that
       starts with a tag naming the id, so two prompts share a text prefix exactly where their
-      hash_id lists share a prefix. The prompt is the concatenation of its blocks, the last
-      one cut so the prompt is input_length x 4 x scale_tokens bytes. output_length ->
-      max_tokens (capped by `max_tokens`). Arrival "trace": timestamp (ms) x time_scale.
+      hash_id lists share a prefix (at scale 1 a block is 32 of the simulator's 64-byte
+      cache blocks). The prompt is one user message, the concatenation of its blocks, the
+      last one cut so the rendered prompt is input_length x 4 x scale_tokens bytes
+      (input_length x scale_tokens simulator tokens). output_length -> max_tokens (capped
+      by `max_tokens`). Arrival "trace": timestamp (ms) x time_scale. Pass n or duration_s
+      for mooncake-conv: its whole trace is 12,031 requests, about 580 MB of text at scale 1.
   azure-conv         data/traces/azure_llm_inference_2023_conv_first3000.csv (Azure 2023,
-      CC-BY-4.0): arrivals and lengths (ContextTokens -> rendered prompt bytes x 4 x scale_tokens,
-      GeneratedTokens -> max_tokens); the text is unique random words (no shared prefix
-      beyond chance): it measures load, not caching.
+      CC-BY-4.0): arrivals and lengths (rendered prompt = ContextTokens x 4 x scale_tokens
+      bytes, GeneratedTokens -> max_tokens); the text is unique random words after a tag
+      naming the row (no shared prefix beyond chance): it measures load, not caching.
   sharegpt-multiturn data/prompts/sharegpt_v3_multiturn_subset.jsonl (ShareGPT V3,
       Apache-2.0): each conversation is a session replayed turn by turn as a growing prefix
       (turn k = all earlier human+gpt turns + human turn k). The arrival process gives each
@@ -70,8 +73,9 @@ Arrival processes (`arrival=`):
 `n` caps the number of requests, `duration_s` drops arrivals at or after it. A workload ends
 early when its data runs out (no wrap-around: repeating a trace would invent cache hits).
 Without n and duration_s, templated-app (unbounded) makes DEFAULT_N requests.
-`salt` (optional) prefixes every generated text tag, so two runs on the same engines never
-hit each other's cache.
+`salt` (optional, default "") goes in front of every prompt's first bytes (Mooncake and
+Azure tags, ShareGPT's first user turn, the templated system prompts) and in the session
+ids, so runs with different salts on the same engines never hit each other's cache.
 """
 import csv
 import datetime
@@ -280,7 +284,10 @@ def _sharegpt_units(path, *, scale_tokens, max_tokens, salt, seed, time_scale, *
             human, gpt = turns[k], turns[k + 1]
             if human["from"] != "human" or gpt["from"] != "gpt":
                 break
-            history.append({"role": "user", "content": _cut(human["value"], scale_tokens)})
+            text = _cut(human["value"], scale_tokens)
+            if salt and not history:
+                text = f"[{salt}] {text}"
+            history.append({"role": "user", "content": text})
             reply_tokens = max(1, len(gpt["value"].encode("utf-8")) // BYTES_PER_TOKEN)
             unit.append(
                 {
