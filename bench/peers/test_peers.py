@@ -78,8 +78,7 @@ class WorkloadTests(unittest.TestCase):
         scale = 0.25
         block = int(workloads.TOKENS_PER_BLOCK * workloads.BYTES_PER_TOKEN * scale)
         reqs = workloads.build("mooncake-synth", n=150, scale_tokens=scale, max_tokens=10**6)
-        with open(workloads.DATA / "traces/mooncake_synthetic_trace_first1500.jsonl") as f:
-            rows = [json.loads(line) for line in f][:150]
+        rows = list(workloads._read_jsonl(workloads.DATA / "traces/mooncake_synthetic_trace.jsonl.gz"))[:150]
         texts = [workloads.render(r["body"]["messages"]) for r in reqs]
         for r, row, text in zip(reqs, rows, texts):
             self.assertEqual(len(text), round(row["input_length"] * 4 * scale))
