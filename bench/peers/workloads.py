@@ -340,21 +340,30 @@ def _templated_units(path_prompts, path_turns, *, scale_tokens, max_tokens, salt
         ]
 
 
+_TRACED = ("mooncake-conv", "mooncake-synth", "azure-conv")
+
+
+def has_trace(name):
+    """Whether workload `name` has its own timestamps (arrival "trace"); the others replace
+    "trace" by poisson."""
+    describe(name)
+    return name in _TRACED
+
+
 def _source(name, **kw):
     if name == "mooncake-conv":
-        return _mooncake_units(name, DATA / "traces/mooncake_conversation_trace.jsonl", **kw), True
-    if name == "mooncake-synth":
-        return _mooncake_units(name, DATA / "traces/mooncake_synthetic_trace.jsonl.gz", **kw), True
-    if name == "azure-conv":
-        return _azure_units(DATA / "traces/azure_llm_inference_2023_conv_first3000.csv", **kw), True
-    if name == "sharegpt-multiturn":
-        return _sharegpt_units(DATA / "prompts/sharegpt_v3_multiturn_subset.jsonl", **kw), False
-    if name == "templated-app":
-        return (
-            _templated_units(DATA / "bench/system_prompts_long.jsonl", DATA / "intent/banking77_train.csv", **kw),
-            False,
-        )
-    raise WorkloadError(f"unknown workload {name!r}; known: {', '.join(NAMES)}")
+        units = _mooncake_units(name, DATA / "traces/mooncake_conversation_trace.jsonl", **kw)
+    elif name == "mooncake-synth":
+        units = _mooncake_units(name, DATA / "traces/mooncake_synthetic_trace.jsonl.gz", **kw)
+    elif name == "azure-conv":
+        units = _azure_units(DATA / "traces/azure_llm_inference_2023_conv_first3000.csv", **kw)
+    elif name == "sharegpt-multiturn":
+        units = _sharegpt_units(DATA / "prompts/sharegpt_v3_multiturn_subset.jsonl", **kw)
+    elif name == "templated-app":
+        units = _templated_units(DATA / "bench/system_prompts_long.jsonl", DATA / "intent/banking77_train.csv", **kw)
+    else:
+        raise WorkloadError(f"unknown workload {name!r}; known: {', '.join(NAMES)}")
+    return units, has_trace(name)
 
 
 # ---------------------------------------------------------------- arrivals
