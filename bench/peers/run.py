@@ -64,7 +64,7 @@ PRESETS = {
     # Three real llama-server replicas (Gemma 3 270M, 1 thread each, 2 slots): the 2-core box
     # serves well under one request per second of these prompts.
     "llama": dict(engine="llama", replicas="3", workloads="templated-app",
-                  per_workload={"templated-app": dict(arrival="poisson", rate=0.5, duration=45.0, time_scale=1.0,
+                  per_workload={"templated-app": dict(arrival="poisson", rate=0.5, duration=60.0, time_scale=1.0,
                                                       scale_tokens=0.25, max_tokens=8)}),
     # Load steps (10 s up, 30 s hold, 10 s down per level, x time_scale) for batch mode's
     # p95-stability goal.
