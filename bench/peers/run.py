@@ -40,26 +40,33 @@ import stack  # noqa: E402
 
 CALIBRATION = os.path.join(stack.ROOT, "data/bench/engine_sim_calibration.json")
 MODEL_NAME = "gemma-3-270m"
-SIM_KV_BLOCKS = 2048   # per replica, 16-token blocks (engine-sim's --kv-blocks)
+DEFAULT_KV_BLOCKS = 2048   # per simulated replica, 16-token blocks (engine-sim's --kv-blocks)
 SIM_SLOTS = 8
 LLAMA_SLOTS = 2
 
 # Workload settings: the flags a run is built with. Presets give them per workload (the
 # Mooncake trace is time-compressed, the templated app has no timestamps and takes a rate);
 # a flag given on the command line overrides the preset for every workload.
-SETTINGS = ("requests", "duration", "rate", "arrival", "time_scale", "max_tokens", "scale_tokens")
+SETTINGS = ("requests", "duration", "rate", "arrival", "time_scale", "max_tokens", "scale_tokens", "kv_blocks")
 
 # Presets: the sizes that fit the 2-core box (docs/BENCHMARKS.md has the measured times).
-_MOONCAKE = dict(arrival="trace", time_scale=0.1, scale_tokens=0.25, max_tokens=16)
-_TEMPLATED = dict(arrival="poisson", rate=20.0, time_scale=0.1, scale_tokens=1.0, max_tokens=16)
+# Mooncake: the trace's clock and the simulator's costs both x 0.05 (30 s of a run = the
+# trace's first 10 minutes, about 1,750 requests at 58 req/s, with the utilisation the
+# uncompressed trace would cause), prompts at a tenth of their length (1,400 tokens on average),
+# a prefix cache of 8,192 blocks x 16 tokens per replica (the pooled bound then sits near the
+# infinite-cache reuse of that window, a single replica's cache well below it).
+_MOONCAKE = dict(arrival="trace", time_scale=0.05, scale_tokens=0.1, max_tokens=16, kv_blocks=8192)
+# Templated app: Poisson at 12 req/s on engines at the calibrated speed; 512 blocks per replica
+# hold about 5 of the 12 apps' prompts, 4 replicas hold them all.
+_TEMPLATED = dict(arrival="poisson", rate=12.0, time_scale=1.0, scale_tokens=1.0, max_tokens=16, kv_blocks=512)
 PRESETS = {
     # The whole simulated matrix in about 10 minutes: 2 workloads x 2 sizes x 8 contenders.
     "quick": dict(engine="sim", replicas="4,8", workloads="mooncake-conv,templated-app",
-                  per_workload={"mooncake-conv": dict(_MOONCAKE, duration=8.0),
+                  per_workload={"mooncake-conv": dict(_MOONCAKE, duration=12.0),
                                 "templated-app": dict(_TEMPLATED, duration=8.0)}),
     # The matrix of docs/BENCHMARKS.md.
     "full": dict(engine="sim", replicas="4,8", workloads="mooncake-conv,templated-app",
-                 per_workload={"mooncake-conv": dict(_MOONCAKE, duration=20.0),
+                 per_workload={"mooncake-conv": dict(_MOONCAKE, duration=30.0),
                                "templated-app": dict(_TEMPLATED, duration=20.0)}),
     # Three real llama-server replicas (Gemma 3 270M, 1 thread each, 2 slots): the 2-core box
     # serves well under one request per second of these prompts.
@@ -70,8 +77,7 @@ PRESETS = {
     # p95-stability goal.
     "step": dict(engine="sim", replicas="4", workloads="templated-app",
                  contenders="envoy-rr,cohort-affinity,cohort-batch",
-                 per_workload={"templated-app": dict(arrival="step", rate=40.0, time_scale=0.25, scale_tokens=1.0,
-                                                     max_tokens=16)}),
+                 per_workload={"templated-app": dict(_TEMPLATED, arrival="step", rate=70.0, time_scale=0.25)}),
 }
 
 
@@ -84,6 +90,7 @@ def settings(args, workload):
             merged[key] = value
     merged.setdefault("arrival", "trace")
     merged.setdefault("time_scale", 1.0)
+    merged.setdefault("kv_blocks", DEFAULT_KV_BLOCKS)
     return merged
 
 
@@ -129,9 +136,9 @@ def start_sim(workdir, count, time_scale, kv_blocks, label):
     return [proc], ports
 
 
-def start_engines(engine, workdir, count, time_scale, label):
+def start_engines(engine, workdir, count, config, label):
     if engine == "sim":
-        return start_sim(workdir, count, time_scale, SIM_KV_BLOCKS, label)
+        return start_sim(workdir, count, config["time_scale"], config["kv_blocks"], label)
     procs, ports = stack.start_replicas(workdir, label, count=count, slots=LLAMA_SLOTS, ctx=4096 * LLAMA_SLOTS)
     return procs, ports
 
@@ -172,7 +179,7 @@ def run_one(args, engine, workload, requests, count, contender, workdir, calibra
     """One contender on fresh engines; returns the run dict bench/peers/report.py reads.
     `config` is settings() plus the effective arrival."""
     label = f"{workload}-{count}-{contender}"
-    procs, ports = start_engines(engine, workdir, count, config["time_scale"] if engine == "sim" else None, label)
+    procs, ports = start_engines(engine, workdir, count, config, label)
     names = {f"127.0.0.1:{p}": f"replica-{i}" for i, p in enumerate(ports)}
     router = None
     try:
@@ -203,14 +210,14 @@ def run_one(args, engine, workload, requests, count, contender, workdir, calibra
             "settings": config, "seed": args.seed, "records": records, "engine_metrics": metrics}
 
 
-def pooled_bound(requests, count, workdir, label):
+def pooled_bound(requests, count, kv_blocks, workdir, label):
     """`cohort engine-sim bound` over the request bodies with one cache of count × the per-replica
     capacity: the hit ratio no routing can beat."""
     path = os.path.join(workdir, f"{label}-bodies.jsonl")
     with open(path, "w") as f:
         for r in requests:
             f.write(json.dumps(r["body"]) + "\n")
-    out = subprocess.run([cohort_bin(), "engine-sim", "bound", "--kv-blocks", str(count * SIM_KV_BLOCKS), path],
+    out = subprocess.run([cohort_bin(), "engine-sim", "bound", "--kv-blocks", str(count * kv_blocks), path],
                          capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         print(f"engine-sim bound failed: {out.stderr.strip()[-300:]}", file=sys.stderr)
@@ -247,6 +254,7 @@ def parse_args(argv):
                         help="multiply every duration by this, the trace's clock and the simulator's costs alike")
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--scale-tokens", type=float, help="scale prompt lengths by this")
+    parser.add_argument("--kv-blocks", type=int, help="prefix-cache blocks (16 tokens) per simulated replica")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--out", help="results folder (default results/peers/<UTC timestamp>/)")
@@ -289,7 +297,8 @@ def main(argv=None):
             requests = build_requests(workloads, args, workload, config)
             config["arrival"] = effective_arrival(workloads, workload, config["arrival"])
             for count in [int(c) for c in args.replicas.split(",")]:
-                bound = pooled_bound(requests, count, workdir, f"{workload}-{count}") if args.engine == "sim" else None
+                bound = (pooled_bound(requests, count, config["kv_blocks"], workdir, f"{workload}-{count}")
+                         if args.engine == "sim" else None)
                 span = requests[-1]["t"] if requests else 0
                 print(f"{workload} x {count} replicas: {len(requests)} requests over {span:.1f} s ({config})"
                       + (f", pooled-cache bound {bound:.3f}" if bound is not None else ""), file=sys.stderr)

@@ -46,7 +46,7 @@ class RunnerSmoke(unittest.TestCase):
         self.assertGreater(len(requests), 10)
         workdir = tempfile.mkdtemp(prefix="bench-peers-smoke-logs-")
         self.addCleanup(shutil.rmtree, workdir, True)
-        bound = run.pooled_bound(requests, 4, workdir, "smoke")
+        bound = run.pooled_bound(requests, 4, config["kv_blocks"], workdir, "smoke")
         self.assertIsNotNone(bound)
         self.assertTrue(0.0 <= bound <= 1.0, bound)
         runs = {}
