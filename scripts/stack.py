@@ -42,8 +42,9 @@ def free_port():
 
 def spawn(args, log, env=None):
     """Starts a child in its own session (stdout discarded, stderr to `log`); stop_all() stops it."""
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "w"), stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env)
+    with open(log, "w") as err:  # the child keeps its own descriptor
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
     children.append(proc)
     return proc
 
@@ -170,7 +171,8 @@ def envoy_config(name, workdir, replica_ports, ports=None, filter_config=None, s
     cluster that lists them), other ports replaced as `ports` maps them ({50051: grpc, 8000: front}),
     the built filter's absolute path, and optionally another filter configuration (JSON text).
     With `served_by`, responses carry `x-served-by: <upstream address>`. Returns (path, admin, listen)."""
-    text = open(os.path.join(ROOT, "istio/envoy", name + ".yaml")).read()
+    with open(os.path.join(ROOT, "istio/envoy", name + ".yaml")) as f:
+        text = f.read()
     admin, listen = free_port(), free_port()
     text = re.sub(r"port_value: (9901|9902)\b", f"port_value: {admin}", text)
     text = re.sub(r"port_value: (10000|10001)\b", f"port_value: {listen}", text)

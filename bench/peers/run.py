@@ -286,7 +286,8 @@ def main(argv=None):
     workdir = tempfile.mkdtemp(prefix="cohort-bench-peers-")
     calibration = None
     if args.engine == "sim" and os.path.exists(CALIBRATION):
-        calibration = json.load(open(CALIBRATION))
+        with open(CALIBRATION) as f:
+            calibration = json.load(f)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"bench-peers: engine {args.engine}, replicas {args.replicas}, workloads {args.workloads}, "
           f"contenders {args.contenders}; logs in {workdir}; results in {args.out}", file=sys.stderr)
