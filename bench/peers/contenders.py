@@ -80,9 +80,21 @@ def _engine_spec(engine):
     return "vllm+" if engine == "sim" else ""
 
 
-def start(name, replica_ports, workdir, engine="sim"):
+def _batcher_config(workdir, name, cache_bytes):
+    """`cohort serve --config` telling the policy each replica's prefix-cache size (in the
+    filter's 256-byte blocks), as an operator configures it for their engines; None when unknown."""
+    if not cache_bytes:
+        return []
+    path = os.path.join(workdir, f"{name}-serve.toml")
+    with open(path, "w") as f:
+        f.write(f"[policy]\nkv_blocks_per_replica = {max(1, cache_bytes // 256)}\n")
+    return ["--config", path]
+
+
+def start(name, replica_ports, workdir, engine="sim", cache_bytes=None):
     """Starts contender `name` in front of 127.0.0.1:replica_ports; returns a Contender once it
-    routes (Envoy ready, batcher ready, every worker registered)."""
+    routes (Envoy ready, batcher ready, every worker registered). `cache_bytes`: each replica's
+    prefix-cache capacity in prompt bytes, for the batcher's policy (Cohort assign and batch)."""
     names = {f"127.0.0.1:{p}": f"replica-{i}" for i, p in enumerate(replica_ports)}
     log = lambda what: os.path.join(workdir, f"{name}-{what}.log")  # noqa: E731
     urls = [f"http://127.0.0.1:{p}" for p in replica_ports]
@@ -93,8 +105,8 @@ def start(name, replica_ports, workdir, engine="sim"):
     if name in ("cohort-assign", "cohort-batch"):
         batch = name == "cohort-batch"
         spec = _engine_spec(engine) if batch else ""
-        cohort, ports = stack.start_cohort(workdir, replica_ports, prefix=name, front=batch,
-                                           replica_spec=spec)
+        cohort, ports = stack.start_cohort(workdir, replica_ports, prefix=name, front=batch, replica_spec=spec,
+                                           extra_args=_batcher_config(workdir, name, cache_bytes))
         mapping = {50051: ports["grpc"], 50052: ports["grpc"]}
         if batch:
             mapping[8000] = ports["front"]

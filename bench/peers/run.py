@@ -42,6 +42,7 @@ CALIBRATION = os.path.join(stack.ROOT, "data/bench/engine_sim_calibration.json")
 MODEL_NAME = "gemma-3-270m"
 DEFAULT_KV_BLOCKS = 2048   # per simulated replica, 16-token blocks (engine-sim's --kv-blocks)
 SIM_SLOTS = 8
+SIM_BLOCK_TOKENS = 16
 LLAMA_SLOTS = 2
 
 # Workload settings: the flags a run is built with. Presets give them per workload (the
@@ -184,7 +185,9 @@ def run_one(args, engine, workload, requests, count, contender, workdir, calibra
     router = None
     try:
         warm_up(ports, names)
-        router = contenders.start(contender, ports, workdir, engine=engine)
+        # The simulator's cache in prompt bytes (4 bytes a token), for the batcher's policy.
+        cache_bytes = config["kv_blocks"] * SIM_BLOCK_TOKENS * 4 if engine == "sim" else None
+        router = contenders.start(contender, ports, workdir, engine=engine, cache_bytes=cache_bytes)
         before = [engine_counters(engine, p) for p in ports]
         progress = progress_cls(len(requests), label) if progress_cls else None
         records, wall = client.replay(router.port, requests, router.replica_names, timeout_s=args.request_timeout,
