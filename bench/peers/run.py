@@ -53,10 +53,12 @@ SETTINGS = ("requests", "duration", "rate", "arrival", "time_scale", "max_tokens
 # Presets: the sizes that fit the 2-core box (docs/BENCHMARKS.md has the measured times).
 # Mooncake: the trace's clock and the simulator's costs both x 0.05 (30 s of a run = the
 # trace's first 10 minutes, about 1,750 requests at 58 req/s, with the utilisation the
-# uncompressed trace would cause), prompts at a tenth of their length (1,400 tokens on average),
-# a prefix cache of 8,192 blocks x 16 tokens per replica (the pooled bound then sits near the
-# infinite-cache reuse of that window, a single replica's cache well below it).
-_MOONCAKE = dict(arrival="trace", time_scale=0.05, scale_tokens=0.1, max_tokens=16, kv_blocks=8192)
+# uncompressed trace would cause), prompts at a quarter of their length (3,500 tokens on
+# average; a trace block of 512 tokens becomes 512 bytes, two of the filter's 256-byte prefix
+# blocks: at a tenth, a block shorter than the filter's would hide every shared prefix from
+# it), a prefix cache of 20,480 blocks x 16 tokens per replica (the pooled bound of 4 replicas
+# then sits below the window's infinite-cache reuse, a single replica's cache well below it).
+_MOONCAKE = dict(arrival="trace", time_scale=0.05, scale_tokens=0.25, max_tokens=16, kv_blocks=20480)
 # Templated app: Poisson at 12 req/s on engines at the calibrated speed; 512 blocks per replica
 # hold about 5 of the 12 apps' prompts, 4 replicas hold them all.
 _TEMPLATED = dict(arrival="poisson", rate=12.0, time_scale=1.0, scale_tokens=1.0, max_tokens=16, kv_blocks=512)
