@@ -14,6 +14,7 @@ use cohort_engine_sim::server::{bind, SimConfig};
 use serde_json::json;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
+use tokio::signal::unix::{signal, SignalKind};
 
 #[derive(Parser)]
 pub struct Args {
@@ -113,6 +114,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the tokio runtime")?;
     runtime.block_on(async move {
+        // Listen for SIGTERM/SIGINT before the ports file tells anyone we are up: a signal
+        // sent right after must stop us gracefully, not find the default action.
+        let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+        let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+        };
         let sim = bind(config).await?;
         write_ports(&args.ports_file, sim.ports())?;
         eprintln!(
@@ -120,7 +131,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             sim.ports().len(),
             sim.ports()
         );
-        sim.serve(crate::serve::shutdown_signal()).await?;
+        sim.serve(shutdown).await?;
         eprintln!("cohort engine-sim: stopped");
         anyhow::Ok(())
     })

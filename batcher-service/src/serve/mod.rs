@@ -193,7 +193,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(crate) async fn shutdown_signal() {
+async fn shutdown_signal() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut signal) => {
