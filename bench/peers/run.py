@@ -48,20 +48,28 @@ LLAMA_SLOTS = 2
 # Workload settings: the flags a run is built with. Presets give them per workload (the
 # Mooncake trace is time-compressed, the templated app has no timestamps and takes a rate);
 # a flag given on the command line overrides the preset for every workload.
-SETTINGS = ("requests", "duration", "rate", "arrival", "time_scale", "max_tokens", "scale_tokens", "kv_blocks")
+SETTINGS = ("requests", "duration", "rate", "arrival", "time_scale", "engine_time_scale", "max_tokens", "scale_tokens",
+            "kv_blocks")
 
 # Presets: the sizes that fit the 2-core box (docs/BENCHMARKS.md has the measured times).
-# Mooncake: the trace's clock and the simulator's costs both x 0.05 (30 s of a run = the
-# trace's first 10 minutes, about 1,750 requests at 58 req/s, with the utilisation the
-# uncompressed trace would cause), prompts at a quarter of their length (3,500 tokens on
-# average; a trace block of 512 tokens becomes 512 bytes, two of the filter's 256-byte prefix
-# blocks: at a tenth, a block shorter than the filter's would hide every shared prefix from
-# it), a prefix cache of 20,480 blocks x 16 tokens per replica (the pooled bound of 4 replicas
-# then sits below the window's infinite-cache reuse, a single replica's cache well below it).
-_MOONCAKE = dict(arrival="trace", time_scale=0.05, scale_tokens=0.25, max_tokens=16, kv_blocks=20480)
-# Templated app: Poisson at 12 req/s on engines at the calibrated speed; 512 blocks per replica
-# hold about 5 of the 12 apps' prompts, 4 replicas hold them all.
-_TEMPLATED = dict(arrival="poisson", rate=12.0, time_scale=1.0, scale_tokens=1.0, max_tokens=16, kv_blocks=512)
+# Two clocks: `time_scale` compresses the workload's own clock (trace timestamps, step
+# lengths), `engine_time_scale` multiplies the simulator's calibrated costs (the calibration is
+# Gemma 3 270M on one CPU thread: 5.6 ms per prompt token, 56 ms per output token). The
+# engine factor is chosen per workload so that round-robin runs the busiest replicas at about
+# 70-100% of their prefill capacity: the regime where routing decides queueing.
+#
+# Mooncake: the trace's clock x 0.05 (20 s of a run = the trace's first 400 s, about 1,200
+# requests at 58 req/s), prompts at a quarter of their length (3,500 tokens on average; a
+# trace block of 512 tokens becomes 512 bytes, two of the filter's 256-byte prefix blocks: at
+# a tenth, a block shorter than the filter's would hide every shared prefix from it), engines
+# x 0.003, a prefix cache of 20,480 blocks x 16 tokens per replica (the pooled bound of 4
+# replicas then sits below the window's infinite-cache reuse, one replica's cache well below).
+_MOONCAKE = dict(arrival="trace", time_scale=0.05, engine_time_scale=0.003, scale_tokens=0.25, max_tokens=16,
+                 kv_blocks=20480)
+# Templated app: Poisson at 12 req/s, engines x 0.1; 512 blocks per replica hold about 5 of
+# the 12 apps' prompts, 4 replicas hold them all.
+_TEMPLATED = dict(arrival="poisson", rate=12.0, time_scale=1.0, engine_time_scale=0.1, scale_tokens=1.0,
+                  max_tokens=16, kv_blocks=512)
 PRESETS = {
     # The whole simulated matrix in about 10 minutes: 2 workloads x 2 sizes x 8 contenders.
     "quick": dict(engine="sim", replicas="4,8", workloads="mooncake-conv,templated-app",
@@ -69,7 +77,7 @@ PRESETS = {
                                 "templated-app": dict(_TEMPLATED, duration=8.0)}),
     # The matrix of docs/BENCHMARKS.md.
     "full": dict(engine="sim", replicas="4,8", workloads="mooncake-conv,templated-app",
-                 per_workload={"mooncake-conv": dict(_MOONCAKE, duration=30.0),
+                 per_workload={"mooncake-conv": dict(_MOONCAKE, duration=20.0),
                                "templated-app": dict(_TEMPLATED, duration=20.0)}),
     # Three real llama-server replicas (Gemma 3 270M, 1 thread each, 2 slots): the 2-core box
     # serves well under one request per second of these prompts.
@@ -80,7 +88,8 @@ PRESETS = {
     # p95-stability goal.
     "step": dict(engine="sim", replicas="4", workloads="templated-app",
                  contenders="envoy-rr,cohort-affinity,cohort-batch",
-                 per_workload={"templated-app": dict(_TEMPLATED, arrival="step", rate=70.0, time_scale=0.25)}),
+                 per_workload={"templated-app": dict(_TEMPLATED, arrival="step", rate=70.0, time_scale=0.25,
+                                                     engine_time_scale=0.025)}),
 }
 
 
@@ -93,6 +102,7 @@ def settings(args, workload):
             merged[key] = value
     merged.setdefault("arrival", "trace")
     merged.setdefault("time_scale", 1.0)
+    merged.setdefault("engine_time_scale", merged["time_scale"])
     merged.setdefault("kv_blocks", DEFAULT_KV_BLOCKS)
     return merged
 
@@ -141,7 +151,7 @@ def start_sim(workdir, count, time_scale, kv_blocks, label):
 
 def start_engines(engine, workdir, count, config, label):
     if engine == "sim":
-        return start_sim(workdir, count, config["time_scale"], config["kv_blocks"], label)
+        return start_sim(workdir, count, config["engine_time_scale"], config["kv_blocks"], label)
     procs, ports = stack.start_replicas(workdir, label, count=count, slots=LLAMA_SLOTS, ctx=4096 * LLAMA_SLOTS)
     return procs, ports
 
@@ -255,8 +265,9 @@ def parse_args(argv):
     parser.add_argument("--duration", type=float, help="seconds of (scaled) arrivals per run")
     parser.add_argument("--rate", type=float, help="requests/s for poisson/bursty/step arrivals")
     parser.add_argument("--arrival", choices=("trace", "poisson", "bursty", "step"))
-    parser.add_argument("--time-scale", type=float,
-                        help="multiply every duration by this, the trace's clock and the simulator's costs alike")
+    parser.add_argument("--time-scale", type=float, help="multiply the workload's clock (trace timestamps, step lengths)")
+    parser.add_argument("--engine-time-scale", type=float,
+                        help="multiply the simulator's calibrated costs (default: the workload's time scale)")
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--scale-tokens", type=float, help="scale prompt lengths by this")
     parser.add_argument("--kv-blocks", type=int, help="prefix-cache blocks (16 tokens) per simulated replica")
