@@ -208,12 +208,15 @@ def start_cohort(workdir, replica_ports, prefix="cohort", front=True, extra_args
     ports and, with `front`, batch mode's HTTP front. `replica_spec` is the engine adapter
     prefix of each replica's URL ("vllm+"; "" = llama.cpp). Waits for /readyz.
     Returns (proc, {"grpc": p, "http": p, "front": p or None})."""
-    ports = {"grpc": free_port(), "http": free_port(), "front": free_port() if front else None}
+    ports = {"grpc": free_port(), "http": free_port(), "front": free_port()}
     replicas = ",".join(f"replica-{i}={replica_spec}http://127.0.0.1:{p}" for i, p in enumerate(replica_ports))
+    # Replicas with URLs turn the front on; without --front-listen it would take its default
+    # 0.0.0.0:8000. It always gets a free loopback port; without `front` nothing routes to it.
     args = [COHORT, "serve", "--grpc-listen", f"127.0.0.1:{ports['grpc']}",
-            "--http-listen", f"127.0.0.1:{ports['http']}", "--replica", replicas]
-    if front:
-        args += ["--front-listen", f"127.0.0.1:{ports['front']}"]
+            "--http-listen", f"127.0.0.1:{ports['http']}", "--replica", replicas,
+            "--front-listen", f"127.0.0.1:{ports['front']}"]
+    if not front:
+        ports["front"] = None
     env = dict(os.environ)
     env.pop("COHORT_CONFIG", None)
     proc = spawn(args + list(extra_args), os.path.join(workdir, f"{prefix}-serve.log"), env=env)
