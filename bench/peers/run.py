@@ -115,6 +115,20 @@ def effective_arrival(workloads, workload, arrival):
     return arrival
 
 
+def load_calibration(path=CALIBRATION):
+    """What a result is reported with: the simulator's constants, the fit error's summary, when
+    and against what they were measured (the per-case table stays in the file)."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        full = json.load(f)
+    fit = full.get("fit_error") or {}
+    return {"constants": full.get("constants"),
+            "fit_error": {k: fit[k] for k in ("ttft", "e2e", "cases") if k in fit} or fit,
+            "measured": full.get("measured") or full.get("date"),
+            "engine": (full.get("engine") or {}).get("version")}
+
+
 def cohort_bin():
     return stack.COHORT
 
@@ -300,10 +314,7 @@ def main(argv=None):
             raise SystemExit(f"{need} missing: run scripts/setup, scripts/build-wasm, cargo build --release -p cohort-batcher")
     os.makedirs(args.out, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="cohort-bench-peers-")
-    calibration = None
-    if args.engine == "sim" and os.path.exists(CALIBRATION):
-        with open(CALIBRATION) as f:
-            calibration = json.load(f)
+    calibration = load_calibration() if args.engine == "sim" else None
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"bench-peers: engine {args.engine}, replicas {args.replicas}, workloads {args.workloads}, "
           f"contenders {args.contenders}; logs in {workdir}; results in {args.out}", file=sys.stderr)
