@@ -42,25 +42,33 @@ def free_port():
 
 def spawn(args, log, env=None):
     """Starts a child in its own session (stdout discarded, stderr to `log`); stop_all() stops it."""
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "w"), stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env)
+    with open(log, "w") as err:  # the child keeps its own descriptor
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
     children.append(proc)
     return proc
 
 
-def stop_all():
-    """SIGTERM to every child started here, SIGKILL after 10 s."""
-    for proc in children:
+def stop(procs, grace=10):
+    """SIGTERM to these children, SIGKILL after `grace` s; they leave the list stop_all() stops."""
+    procs = list(procs)
+    for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    deadline = time.time() + 10
-    for proc in children:
+    deadline = time.time() + grace
+    for proc in procs:
         try:
             proc.wait(timeout=max(0.1, deadline - time.time()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    children.clear()
+        if proc in children:
+            children.remove(proc)
+
+
+def stop_all():
+    """SIGTERM to every child started here, SIGKILL after 10 s."""
+    stop(children)
 
 
 def get(port, path):
@@ -106,18 +114,71 @@ def start_replicas(workdir, prefix, count=3, slots=4, ctx=8192):
     return [p for p, _ in started], [port for _, port in started]
 
 
+def _replica_placeholder(i):
+    return f"@REPLICA{i}@"
+
+
+_ENDPOINT = r"- endpoint: \{ address: \{ socket_address: \{ address: 127\.0\.0\.1, port_value: %s \} \} \}\n"
+
+
+def expand_replicas(text, count):
+    """Rewrites a config written for the three default engine ports (8081-8083) for `count`
+    replicas, leaving a placeholder (_replica_placeholder(i)) where replica i's port goes:
+    every endpoint list of the three becomes a list of `count`; the per-replica route
+    (`assigned-replica-2`) and cluster (`replica-2`) blocks are repeated for replicas 3 and up
+    (fewer than three replicas: the extra blocks and endpoints are dropped)."""
+    if count < 1:
+        raise SystemExit("envoy_config: at least one replica")
+    # 1. Lists of all three endpoints (any indentation): one line per replica.
+    group = re.compile(r"(?P<i>[ ]*)" + _ENDPOINT % 8081 + r"(?P=i)" + _ENDPOINT % 8082 + r"(?P=i)" + _ENDPOINT % 8083)
+
+    def endpoints(m):
+        line = m.group(0).splitlines(keepends=True)[0]
+        return "".join(line.replace("port_value: 8081 ", f"port_value: {_replica_placeholder(i)} ") for i in range(count))
+
+    text = group.sub(endpoints, text)
+
+    # 2. Blocks that belong to one replica: `- name: assigned-replica-K` routes and
+    # `- name: replica-K` clusters (the list item and every line indented deeper).
+    def block(name):
+        return re.compile(r"^(?P<i>[ ]*)- name: " + re.escape(name) + r"\n(?:(?P=i)  .*\n|\n)*", re.M)
+
+    for kind in ("assigned-replica-", "replica-"):
+        last = block(f"{kind}2").search(text)
+        if last is None:
+            continue
+        extra = "".join(last.group(0).replace("replica-2", f"replica-{k}") for k in range(3, count))
+        text = text[:last.end()] + extra + text[last.end():]
+        for k in range(count, 3):
+            text = block(f"{kind}{k}").sub("", text, count=1)
+    # 3. What is left of the default ports is each per-replica cluster's single endpoint.
+    return _number_single_endpoints(text)
+
+
+def _number_single_endpoints(text):
+    """The per-replica clusters still carry a default port (replica-K with K >= 3 carry
+    8083, copied from replica-2): give each cluster `replica-K` its placeholder."""
+    def one(m):
+        k = int(m.group("k"))
+        return re.sub(r"port_value: 808[123] ", f"port_value: {_replica_placeholder(k)} ", m.group(0))
+
+    return re.sub(r"^(?P<i>[ ]*)- name: replica-(?P<k>\d+)\n(?:(?P=i)  .*\n|\n)*", one, text, flags=re.M)
+
+
 def envoy_config(name, workdir, replica_ports, ports=None, filter_config=None, served_by=True):
     """Writes istio/envoy/<name>.yaml into `workdir` with free admin and listener ports, the
     engines' default ports (8081-8083) replaced by `replica_ports` everywhere they appear (every
     cluster that lists them), other ports replaced as `ports` maps them ({50051: grpc, 8000: front}),
     the built filter's absolute path, and optionally another filter configuration (JSON text).
     With `served_by`, responses carry `x-served-by: <upstream address>`. Returns (path, admin, listen)."""
-    text = open(os.path.join(ROOT, "istio/envoy", name + ".yaml")).read()
+    with open(os.path.join(ROOT, "istio/envoy", name + ".yaml")) as f:
+        text = f.read()
     admin, listen = free_port(), free_port()
     text = re.sub(r"port_value: (9901|9902)\b", f"port_value: {admin}", text)
     text = re.sub(r"port_value: (10000|10001)\b", f"port_value: {listen}", text)
-    for default, port in zip(DEFAULT_REPLICA_PORTS, replica_ports):
-        text = text.replace(f"port_value: {default} ", f"port_value: {port} ")
+    text = expand_replicas(text, len(replica_ports))
+    for i, port in enumerate(replica_ports):
+        text = text.replace(f"port_value: {_replica_placeholder(i)} ", f"port_value: {port} ")
     for default, port in (ports or {}).items():
         text = re.sub(rf"port_value: {default}\b", f"port_value: {port}", text)
     text = text.replace("filename: target/wasm/cohort_filter.wasm", f"filename: {FILTER}")
@@ -142,16 +203,20 @@ def start_envoy(config, admin, log):
     return envoy
 
 
-def start_cohort(workdir, replica_ports, prefix="cohort", front=True, extra_args=()):
+def start_cohort(workdir, replica_ports, prefix="cohort", front=True, extra_args=(), replica_spec=""):
     """Starts `cohort serve` (target/release/cohort) with replicas replica-0..N-1 at the given
-    ports and, with `front`, batch mode's HTTP front. Waits for /readyz.
+    ports and, with `front`, batch mode's HTTP front. `replica_spec` is the engine adapter
+    prefix of each replica's URL ("vllm+"; "" = llama.cpp). Waits for /readyz.
     Returns (proc, {"grpc": p, "http": p, "front": p or None})."""
-    ports = {"grpc": free_port(), "http": free_port(), "front": free_port() if front else None}
-    replicas = ",".join(f"replica-{i}=http://127.0.0.1:{p}" for i, p in enumerate(replica_ports))
+    ports = {"grpc": free_port(), "http": free_port(), "front": free_port()}
+    replicas = ",".join(f"replica-{i}={replica_spec}http://127.0.0.1:{p}" for i, p in enumerate(replica_ports))
+    # Replicas with URLs turn the front on; without --front-listen it would take its default
+    # 0.0.0.0:8000. It always gets a free loopback port; without `front` nothing routes to it.
     args = [COHORT, "serve", "--grpc-listen", f"127.0.0.1:{ports['grpc']}",
-            "--http-listen", f"127.0.0.1:{ports['http']}", "--replica", replicas]
-    if front:
-        args += ["--front-listen", f"127.0.0.1:{ports['front']}"]
+            "--http-listen", f"127.0.0.1:{ports['http']}", "--replica", replicas,
+            "--front-listen", f"127.0.0.1:{ports['front']}"]
+    if not front:
+        ports["front"] = None
     env = dict(os.environ)
     env.pop("COHORT_CONFIG", None)
     proc = spawn(args + list(extra_args), os.path.join(workdir, f"{prefix}-serve.log"), env=env)

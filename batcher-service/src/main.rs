@@ -4,7 +4,8 @@
 //!   and batch mode's HTTP front when replicas have URLs);
 //! - `cohort fingerprint`: the fingerprint core over JSONL request logs;
 //! - `cohort score`: batch-friendliness (0–1) of prompt corpora;
-//! - `cohort lint`: cache-hostile prompt templates, scored 0–1.
+//! - `cohort lint`: cache-hostile prompt templates, scored 0–1;
+//! - `cohort engine-sim`: an OpenAI-compatible engine simulator (`serve`, `bound`).
 
 mod commands;
 mod front;
@@ -33,6 +34,8 @@ enum Command {
     Score(commands::score::Args),
     /// Lint prompt templates for prefix-cache hostility; exit 1 below --min-score.
     Lint(commands::lint::Args),
+    /// OpenAI-compatible LLM engine simulator for benchmarks at scale (serve, bound).
+    EngineSim(commands::engine_sim::Args),
 }
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
@@ -42,5 +45,6 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Fingerprint(args) => ok(commands::fingerprint::run(args)),
         Command::Score(args) => commands::score::run(args),
         Command::Lint(args) => commands::lint::run(args),
+        Command::EngineSim(args) => ok(commands::engine_sim::run(args)),
     }
 }

@@ -1,0 +1,85 @@
+"""Smoke test of the peer benchmark's runner (bench/peers/run.py) end to end with real parts:
+a real `cohort engine-sim serve` with 4 simulated replicas, real Envoy (round-robin, and the
+real Cohort filter in affinity mode), the real open-loop client, a few seconds of the
+templated-app workload, then report.write over the two runs.
+
+A Python unittest rather than a Rust test in tests/: everything it drives (the runner, the
+client, the contenders, the report) is Python, and `scripts/test` runs this folder's tests with
+`python3 -m unittest discover -s bench/peers`. Bounds are loose for a busy 2-core CI box: the
+assertions are about correctness (no request lost, every record complete, round-robin uses
+every replica, affinity keeps each prompt group on one replica, the engines' counters move),
+not speed; the whole test is bounded by a few seconds of arrivals and the runner's timeouts.
+Needs `cargo build --release -p cohort-batcher`, scripts/build-wasm and Envoy (scripts/setup).
+"""
+import collections
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run  # noqa: E402
+import stack  # noqa: E402  (scripts/, on the path through run)
+
+
+class RunnerSmoke(unittest.TestCase):
+    def setUp(self):
+        for need in (stack.COHORT, stack.ENVOY, stack.FILTER):
+            if not os.path.exists(need):
+                self.fail(f"{need} missing: run scripts/setup (it builds the cohort binary and the filter)")
+        self.out = tempfile.mkdtemp(prefix="bench-peers-smoke-")
+        self.addCleanup(shutil.rmtree, self.out, True)
+        self.addCleanup(stack.stop_all)
+
+    def test_envoy_rr_and_affinity_on_four_sim_replicas(self):
+        import report
+        import workloads
+
+        args = run.parse_args(["--engine", "sim", "--replicas", "4", "--workloads", "templated-app",
+                               "--contenders", "envoy-rr,cohort-affinity", "--arrival", "poisson",
+                               "--rate", "10", "--duration", "4", "--request-timeout", "30", "--out", self.out])
+        config = run.settings(args, "templated-app")
+        requests = run.build_requests(workloads, args, "templated-app", config)
+        self.assertGreater(len(requests), 10)
+        workdir = tempfile.mkdtemp(prefix="bench-peers-smoke-logs-")
+        self.addCleanup(shutil.rmtree, workdir, True)
+        bound = run.pooled_bound(requests, 4, config["kv_blocks"], workdir, "smoke")
+        self.assertIsNotNone(bound)
+        self.assertTrue(0.0 <= bound <= 1.0, bound)
+        runs = {}
+        for contender in ("envoy-rr", "cohort-affinity"):
+            runs[contender] = run.run_one(args, "sim", "templated-app", requests, 4, contender, workdir,
+                                          None, bound, None, config)
+        for name, result in runs.items():
+            records = result["records"]
+            self.assertEqual(len(records), len(requests), name)
+            failed = [r for r in records if r["error"]]
+            self.assertEqual(failed, [], name)
+            for r in records:
+                self.assertEqual(r["status"], 200)
+                self.assertIsNotNone(r["ttft_ms"])
+                self.assertGreaterEqual(r["e2e_ms"], r["ttft_ms"])
+                self.assertIn(r["replica"], {f"replica-{i}" for i in range(4)})
+                self.assertGreater(r["prompt_tokens"], 0)
+            served = sum(m["requests"] or 0 for m in result["engine_metrics"].values())
+            self.assertEqual(served, len(requests), f"{name}: engine request counters {result['engine_metrics']}")
+        # Round-robin spreads requests over every replica.
+        rr = collections.Counter(r["replica"] for r in runs["envoy-rr"]["records"])
+        self.assertEqual(len(rr), 4, rr)
+        # Affinity keeps a prompt group (one application's system prompt) on one replica.
+        by_group = collections.defaultdict(set)
+        for r in runs["cohort-affinity"]["records"]:
+            by_group[r["group"]].add(r["replica"])
+        self.assertTrue(all(len(replicas) == 1 for replicas in by_group.values()), dict(by_group))
+        report.write(list(runs.values()), self.out)
+        for name in ("results.json", "table.md"):
+            self.assertTrue(os.path.exists(os.path.join(self.out, name)), name)
+        with open(os.path.join(self.out, "results.json")) as f:
+            json.load(f)
+
+
+if __name__ == "__main__":
+    unittest.main()
