@@ -7,9 +7,14 @@
 //! beginning here too, so a longest-prefix match over block hashes tracks the engine's
 //! prefix cache.
 //!
-//! Encoding, chosen so that no two different prompts produce the same bytes and so that
-//! appending a turn only appends bytes:
-//! - a *segment* is `tag: u8, len: u32 little-endian, bytes`;
+//! Encoding, chosen so that no two different prompts produce the same bytes, so that
+//! appending a turn only appends bytes, and so that two texts sharing a beginning share
+//! that beginning here too (engines cache token prefixes *within* a message: a long
+//! document or few-shot block followed by different questions in one user message, a
+//! completions `prompt`, a conversation flattened into one text):
+//! - a *segment* is `tag: u8`, its bytes with every `0x00` written as `0x00 0xFF`, then
+//!   the terminator `0x00 0x00` (a length prefix would make two texts of different
+//!   lengths differ from their first byte on);
 //! - the stable prefix is the `MODEL` segment, then `SYSTEM` segments, then one `TOOLS`
 //!   segment (the tool definitions as canonical JSON: keys sorted, `cache_control` marks
 //!   left out);
@@ -21,6 +26,22 @@
 
 use crate::error::FingerprintError;
 use crate::json::Value;
+
+/// Ends a segment; a `0x00` inside one is written as `0x00 0xFF`, so this pair cannot occur
+/// inside a segment.
+const SEGMENT_END: [u8; 2] = [0x00, 0x00];
+
+/// Appends `data` with every `0x00` written as `0x00 0xFF`.
+fn push_escaped(out: &mut Vec<u8>, data: &[u8]) {
+    let mut parts = data.split(|&b| b == 0);
+    if let Some(first) = parts.next() {
+        out.extend_from_slice(first);
+    }
+    for part in parts {
+        out.extend_from_slice(&[0x00, 0xFF]);
+        out.extend_from_slice(part);
+    }
+}
 
 /// The API shape a body was parsed as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -150,21 +171,22 @@ impl CanonicalBuilder {
 
     fn segment(&mut self, tag: u8, data: &[u8]) {
         self.bytes.push(tag);
-        // Bodies are bounded far below 4 GiB; saturate rather than wrap if not.
-        let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
-        self.bytes.extend_from_slice(&len.to_le_bytes());
-        self.bytes.extend_from_slice(data);
+        push_escaped(&mut self.bytes, data);
+        self.bytes.extend_from_slice(&SEGMENT_END);
     }
 
     /// A segment holding `value` as canonical JSON (keys sorted, so key order does not
     /// matter), without `cache_control` marks: a caching hint is not prompt content.
     fn json_segment(&mut self, tag: u8, value: &Value) {
         self.bytes.push(tag);
-        let len_at = self.bytes.len();
-        self.bytes.extend_from_slice(&[0; 4]);
+        let start = self.bytes.len();
         value.write_canonical_without(Some("cache_control"), &mut self.bytes);
-        let len = u32::try_from(self.bytes.len() - len_at - 4).unwrap_or(u32::MAX);
-        self.bytes[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
+        // Canonical JSON escapes control characters, so this is a formality.
+        if self.bytes[start..].contains(&0) {
+            let raw = self.bytes.split_off(start);
+            push_escaped(&mut self.bytes, &raw);
+        }
+        self.bytes.extend_from_slice(&SEGMENT_END);
     }
 
     /// System prompt text; only valid before the first turn.
@@ -315,7 +337,44 @@ mod tests {
     }
 
     #[test]
-    fn length_prefixes_keep_part_boundaries_apart() {
+    fn texts_sharing_a_beginning_share_canonical_bytes_beyond_it() {
+        let build = |text: &str| {
+            let mut b = CanonicalBuilder::new(Api::OpenAiCompletions, "m", 0);
+            b.begin_turn(Role::User);
+            b.text(text);
+            b.finish().unwrap()
+        };
+        let shared = "a long shared document. ".repeat(40);
+        let a = build(&format!("{shared}Q: short?"));
+        let b = build(&format!(
+            "{shared}Q: a much longer question than the first?"
+        ));
+        let common = a
+            .bytes()
+            .iter()
+            .zip(b.bytes())
+            .take_while(|(x, y)| x == y)
+            .count();
+        assert!(common > shared.len(), "{common} shared bytes");
+    }
+
+    #[test]
+    fn zero_bytes_are_escaped_so_segments_stay_apart() {
+        let mut a = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
+        a.begin_turn(Role::User);
+        a.text("x\0\0y");
+        let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
+        b.begin_turn(Role::User);
+        b.text("x");
+        b.text("y");
+        assert_ne!(a.finish().unwrap().bytes(), b.finish().unwrap().bytes());
+        let mut out = Vec::new();
+        push_escaped(&mut out, &[0, 1, 0, 0]);
+        assert_eq!(out, [0, 0xFF, 1, 0, 0xFF, 0, 0xFF]);
+    }
+
+    #[test]
+    fn segment_boundaries_keep_parts_apart() {
         let a = two_turns("ab");
         let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
         b.system("be brief");
