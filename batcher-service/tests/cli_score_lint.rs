@@ -87,12 +87,15 @@ fn score_ranks_instruction_first_above_variable_first() {
         "can I raise my daily limit",
         "where do I see my statements",
     ];
+    // Two copies of the system prompt: with one, the shared share of each short prompt
+    // depends on where the 64-byte block boundary falls after it (3 or 4 of 5 blocks).
+    let system = SYSTEM.repeat(2);
     let mut lines = Vec::new();
     for q in questions {
         lines.push(json!({"service": "instruction-first", "messages": [
-            {"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]}));
+            {"role": "system", "content": system}, {"role": "user", "content": q}]}));
         lines.push(json!({"service": "variable-first", "messages": [
-            {"role": "user", "content": format!("{q}\n{SYSTEM}")}]}));
+            {"role": "user", "content": format!("{q}\n{system}")}]}));
     }
     let text: Vec<String> = lines.iter().map(Value::to_string).collect();
     std::fs::write(&corpus, text.join("\n") + "\n").unwrap();
