@@ -81,15 +81,18 @@ def get(port, path):
         conn.close()
 
 
-def wait_http(port, path, proc, what, timeout=60):
+def wait_http(port, path, proc, what, timeout=60, ready=None):
+    """Polls GET `path` until it answers 200 (and `ready(body)` is true, when given); exits
+    if `proc` ends first or after `timeout` s."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"{what} exited with {proc.returncode}")
         try:
-            if get(port, path)[0] == 200:
+            status, body = get(port, path)
+            if status == 200 and (ready is None or ready(body)):
                 return
-        except OSError:
+        except (OSError, ValueError):
             pass
         time.sleep(0.05)
     raise SystemExit(f"{what} not ready after {timeout} s")

@@ -52,27 +52,16 @@ class Contender:
         stack.stop(self.procs)
 
 
-def _wait_workers(port, proc, count, what, timeout=60):
-    """Polls GET /workers until `count` workers are listed (both routers' /health answers first)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} exited with {proc.returncode}")
-        try:
-            status, body = stack.get(port, "/workers")
-            if status == 200:
-                data = json.loads(body)
-                workers = data.get("workers", data) if isinstance(data, dict) else data
-                urls = data.get("urls") if isinstance(data, dict) else None
-                n = len(urls) if isinstance(urls, list) else (len(workers) if isinstance(workers, list) else 0)
-                if isinstance(data, dict) and "total" in data and not n:
-                    n = data["total"]
-                if n >= count:
-                    return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{what}: {count} workers not registered after {timeout} s")
+def _workers_listed(body, count):
+    """True once GET /workers lists `count` workers (both routers answer /health before their
+    workers register; sglang-router and vllm-router shape the list differently)."""
+    data = json.loads(body)
+    workers = data.get("workers", data) if isinstance(data, dict) else data
+    urls = data.get("urls") if isinstance(data, dict) else None
+    n = len(urls) if isinstance(urls, list) else (len(workers) if isinstance(workers, list) else 0)
+    if isinstance(data, dict) and "total" in data and not n:
+        n = data["total"]
+    return n >= count
 
 
 def _engine_spec(engine):
@@ -131,5 +120,6 @@ def start(name, replica_ports, workdir, engine="sim", cache_bytes=None):
         raise SystemExit(f"unknown contender {name!r}; known: {', '.join(NAMES)}")
     proc = stack.spawn(args, log("router"))
     stack.wait_http(port, "/health", proc, name, timeout=60)
-    _wait_workers(port, proc, len(replica_ports), name)
+    stack.wait_http(port, "/workers", proc, f"{name}: workers", timeout=60,
+                    ready=lambda body: _workers_listed(body, len(replica_ports)))
     return Contender(name, port, [proc], names, metrics_port=prom)
