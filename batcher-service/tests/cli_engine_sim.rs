@@ -3,6 +3,8 @@
 //! stdin and prints the pooled-cache report. Loopback and ephemeral ports only; every wait is
 //! bounded.
 
+mod common;
+
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -79,28 +81,19 @@ fn bound_reports_the_pooled_hit_ratio_of_stdin() {
     let a = format!("{{\"prompt\":\"{}0000\"}}", "a".repeat(60));
     let b = format!("{{\"prompt\":\"{}1111\"}}", "b".repeat(60));
     let input = format!("{a}\n{b}\n{a}\n");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cohort"))
-        .args([
+    let (ok, stdout, _) = common::cohort(
+        &[
             "engine-sim",
             "bound",
             "--kv-blocks",
             "100",
             "--block-tokens",
             "4",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        ],
+        &input,
+    );
+    assert!(ok);
+    let v: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["requests"], 3);
     assert_eq!(v["prompt_tokens"], 48);
     assert_eq!(v["hit_tokens"], 12);

@@ -1,29 +1,8 @@
 //! `cohort fingerprint` end to end: the real binary, stdin and files, JSONL and table.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+mod common;
 
-fn cohort(args: &[&str], stdin: &str) -> (bool, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cohort"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
+use common::cohort;
 
 fn records(stdout: &str) -> Vec<serde_json::Value> {
     stdout
