@@ -11,10 +11,15 @@ A second table measures the latency the filter adds below saturation: oha at a f
 (--rate, default 500 requests/s) against each front, alternating, medians of p50 and p99.
 
   bench/filter_overhead.py [--duration 10] [--rounds 3] [--connections 16] [--rate 500]
-                           [--compare-wasm OLD.wasm]
+                           [--compare-wasm OLD.wasm] [--floor]
 
 --compare-wasm adds a third front with another build of the filter (e.g. the main branch's,
 copied aside before rebuilding), measured in the same alternating rounds: rows "before".
+--floor adds two fronts with `cohort_wasm_floor.wasm` (bench/wasm-floor), the least a
+proxy-wasm filter can do: "wasm floor: no-op" (buffer filter + a wasm filter that only
+answers Continue) and "wasm floor: read body" (pause, read the buffered body, write one
+header, clear the route cache). They show what any wasm filter costs in this Envoy, apart
+from Cohort's own work.
 
 Needs scripts/setup (Envoy, wrk, the filter) and, for the fixed-rate table,
 `cargo install oha`. Prints markdown tables.
@@ -36,6 +41,9 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENVOY = os.environ.get("COHORT_ENVOY", os.path.join(ROOT, ".cohort/bin/envoy"))
 FILTER = os.environ.get("COHORT_FILTER_WASM", os.path.join(ROOT, "target/wasm/cohort_filter.wasm"))
+FLOOR = os.path.join(ROOT, "target/wasm/cohort_wasm_floor.wasm")
+LABELS = {"cohort": "", "before": " (before)", "floor-noop": " (wasm floor: no-op)",
+          "floor-body": " (wasm floor: read body)"}
 
 BUFFER = """
           - name: envoy.filters.http.buffer
@@ -186,13 +194,15 @@ def main():
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--rate", type=int, default=500)
     parser.add_argument("--compare-wasm", help="another filter build, measured as a third front")
+    parser.add_argument("--floor", action="store_true", help="add the two wasm-floor fronts")
     args = parser.parse_args()
-    for need in (ENVOY, FILTER):
+    for need in (ENVOY, FILTER) + ((FLOOR,) if args.floor else ()):
         if not os.path.exists(need):
             sys.exit(f"{need} missing: run scripts/setup")
 
     workdir = tempfile.mkdtemp(prefix="cohort-bench-")
-    fronts = ["baseline", "cohort"] + (["before"] if args.compare_wasm else [])
+    fronts = (["baseline", "cohort"] + (["before"] if args.compare_wasm else [])
+              + (["floor-noop", "floor-body"] if args.floor else []))
     ports = {name: (free_port(), free_port()) for name in ["upstream"] + fronts}
     plugin = os.environ.get("COHORT_PLUGIN_JSON", '{"mode": "affinity"}')
     upstream_port = ports["upstream"][1]
@@ -210,6 +220,13 @@ def main():
         configs["before"] = TEMPLATE.format(admin=ports["before"][0], port=ports["before"][1], route=hashed,
                                             filters=COHORT.format(wasm=os.path.abspath(args.compare_wasm),
                                                                   plugin=plugin), upstream=upstream_port)
+    if args.floor:
+        configs["floor-noop"] = TEMPLATE.format(admin=ports["floor-noop"][0], port=ports["floor-noop"][1],
+                                                route=hashed, upstream=upstream_port,
+                                                filters=BUFFER + COHORT.format(wasm=FLOOR, plugin="noop"))
+        configs["floor-body"] = TEMPLATE.format(admin=ports["floor-body"][0], port=ports["floor-body"][1],
+                                                route=hashed, upstream=upstream_port,
+                                                filters=COHORT.format(wasm=FLOOR, plugin="body"))
     procs = [start_envoy(workdir, name, config) for name, config in configs.items()]
     try:
         for admin, _ in ports.values():
@@ -249,7 +266,7 @@ def main():
     for size, med in rows:
         for name in fronts[1:]:
             b, c = med["baseline"], med[name]
-            label = f"{size:,} B" + (" (before)" if name == "before" else "")
+            label = f"{size:,} B" + LABELS[name]
             print(f"| {label} | {b[0]:,.0f} | {c[0]:,.0f} | {c[0] / b[0]:.2f} | {b[1]:.3f} / {b[2]:.3f} | "
                   f"{c[1]:.3f} / {c[2]:.3f} | {c[1] - b[1]:+.3f} / {c[2] - b[2]:+.3f} | {b[3] + c[3]} |")
     if fixed_rate:
@@ -259,7 +276,7 @@ def main():
         for size, med in fixed_rate:
             for name in fronts[1:]:
                 b, c = med["baseline"], med[name]
-                label = f"{size:,} B" + (" (before)" if name == "before" else "")
+                label = f"{size:,} B" + LABELS[name]
                 print(f"| {label} | {b[0]:.3f} / {b[1]:.3f} | {c[0]:.3f} / {c[1]:.3f} | "
                       f"{c[0] - b[0]:+.3f} / {c[1] - b[1]:+.3f} | {min(b[2], c[2]):.0%} |")
     else:
