@@ -33,6 +33,12 @@ const SEGMENT_END: [u8; 2] = [0x00, 0x00];
 
 /// Appends `data` with every `0x00` written as `0x00 0xFF`.
 fn push_escaped(out: &mut Vec<u8>, data: &[u8]) {
+    // Text almost never holds a NUL; `contains` on bytes scans a word at a time, where the
+    // split below tests each byte.
+    if !data.contains(&0) {
+        out.extend_from_slice(data);
+        return;
+    }
     let mut parts = data.split(|&b| b == 0);
     if let Some(first) = parts.next() {
         out.extend_from_slice(first);

@@ -50,8 +50,19 @@ impl<'a> Object<'a> {
 }
 
 /// Parses a whole document (trailing non-whitespace is an error).
+///
+/// The body is checked as UTF-8 once, as a whole, and then parsed as a `&str`: parsing
+/// bytes, serde_json validates each string on its own, which for a body of many short
+/// messages cost more than the whole-body check (a word at a time over ASCII). A body that
+/// is not UTF-8 is invalid JSON either way (RFC 8259 §8.1).
 pub fn parse(bytes: &[u8]) -> Result<Value<'_>, serde_json::Error> {
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        <serde_json::Error as serde::de::Error>::custom(format!(
+            "invalid UTF-8 at byte {}",
+            e.valid_up_to()
+        ))
+    })?;
+    let mut deserializer = serde_json::Deserializer::from_str(text);
     let value = Value::deserialize(&mut deserializer)?;
     deserializer.end()?;
     Ok(value)
@@ -324,5 +335,67 @@ mod tests {
         assert!(parse(b"\"\xff\"").is_err());
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
         assert!(parse(deep.as_bytes()).is_err());
+        // Invalid UTF-8 outside a string, and after an otherwise complete document.
+        assert!(parse(b"{\"a\": 1, \xc3}").is_err());
+        assert!(parse(b"{} \xe2\x82").is_err());
+    }
+
+    /// JSON-ish bytes: fragments of valid documents, escapes, multi-byte and invalid UTF-8.
+    fn jsonish() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let fragment = prop_oneof![
+            Just(b"{".to_vec()),
+            Just(b"}".to_vec()),
+            Just(b"[".to_vec()),
+            Just(b"]".to_vec()),
+            Just(b",".to_vec()),
+            Just(b":".to_vec()),
+            Just(b"\"".to_vec()),
+            Just(b"\"role\"".to_vec()),
+            Just(b"\"content\": \"hi\"".to_vec()),
+            Just(br#"\u00e9\ud83d\ude00"#.to_vec()),
+            Just(b"\\".to_vec()),
+            Just(b"\\u".to_vec()),
+            Just(b"12.5e3".to_vec()),
+            Just(b"-0".to_vec()),
+            Just(b"true null ".to_vec()),
+            Just("é😀".as_bytes().to_vec()),
+            Just(b"\xc3".to_vec()),
+            Just(b"\xed\xa0\x80".to_vec()),
+            Just(b"\xff".to_vec()),
+            Just(b"\x00\n\t".to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..4),
+        ];
+        let broken = proptest::collection::vec(fragment, 0..24).prop_map(|parts| parts.concat());
+        // Whole chat bodies around adversarial text (valid, escapes and all), some cut short.
+        let body = (crate::test_text::any_text(), any::<u16>()).prop_map(|(text, cut)| {
+            let body = serde_json::json!({"messages": [{"role": "user", "content": text}]});
+            let bytes = serde_json::to_vec(&body).unwrap();
+            let keep = if cut % 4 == 0 {
+                cut as usize % (bytes.len() + 1)
+            } else {
+                bytes.len()
+            };
+            bytes[..keep].to_vec()
+        });
+        prop_oneof![broken, body]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 4096, ..Default::default() })]
+
+        /// Checking UTF-8 over the whole body first (then parsing a `&str`) accepts and
+        /// rejects exactly what serde_json does on the bytes, with the same values.
+        #[test]
+        fn parse_agrees_with_serde_json_on_bytes(bytes in jsonish()) {
+            let ours = parse(&bytes);
+            let theirs = serde_json::from_slice::<serde_json::Value>(&bytes);
+            proptest::prop_assert_eq!(ours.is_ok(), theirs.is_ok());
+            if let (Ok(ours), Ok(theirs)) = (ours, theirs) {
+                let mut out = Vec::new();
+                ours.write_canonical(&mut out);
+                proptest::prop_assert_eq!(String::from_utf8(out).unwrap(), theirs.to_string());
+            }
+        }
     }
 }
