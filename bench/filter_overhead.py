@@ -7,14 +7,20 @@ wrk POSTs the same OpenAI chat body to each front in alternating runs (baseline,
 baseline, ...), same connections, threads and duration; the table reports the medians
 and the ratios. Bodies: 2 KB and 32 KB chat requests (system prompt, tools, turns).
 
+Each row also gives the front Envoy's CPU time per request served (all its threads, from
+/proc/<pid>/task/*/schedstat) and its difference to the baseline: on a 2-core machine where
+wrk, the upstream and the front share the cores, rps ratios move with how the scheduler
+shares them, while CPU per request is what the filter itself costs.
+
 A second table measures the latency the filter adds below saturation: oha at a fixed rate
 (--rate, default 500 requests/s) against each front, alternating, medians of p50 and p99.
 
   bench/filter_overhead.py [--duration 10] [--rounds 3] [--connections 16] [--rate 500]
-                           [--compare-wasm OLD.wasm] [--floor]
+                           [--sizes 2048,32768] [--compare-wasm OLD.wasm ...] [--floor]
 
---compare-wasm adds a third front with another build of the filter (e.g. the main branch's,
-copied aside before rebuilding), measured in the same alternating rounds: rows "before".
+--compare-wasm adds a front with another build of the filter (e.g. the main branch's,
+copied aside before rebuilding), measured in the same alternating rounds: rows "before";
+repeat it to compare several builds (rows named after the files).
 --floor adds two fronts with `cohort_wasm_floor.wasm` (bench/wasm-floor), the least a
 proxy-wasm filter can do: "wasm floor: no-op" (buffer filter + a wasm filter that only
 answers Continue) and "wasm floor: read body" (pause, read the buffered body, write one
@@ -42,8 +48,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENVOY = os.environ.get("COHORT_ENVOY", os.path.join(ROOT, ".cohort/bin/envoy"))
 FILTER = os.environ.get("COHORT_FILTER_WASM", os.path.join(ROOT, "target/wasm/cohort_filter.wasm"))
 FLOOR = os.path.join(ROOT, "target/wasm/cohort_wasm_floor.wasm")
-LABELS = {"cohort": "", "before": " (before)", "floor-noop": " (wasm floor: no-op)",
-          "floor-body": " (wasm floor: read body)"}
 
 BUFFER = """
           - name: envoy.filters.http.buffer
@@ -156,20 +160,35 @@ LATENCY = re.compile(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", re.M)
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
-def run_wrk(port, body_file, args):
+def cpu_ns(pid):
+    """CPU time a process has run so far, ns: the sum of its threads' schedstat run time."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a thread that ended between listdir and open
+    return total
+
+
+def run_wrk(port, body_file, args, pid):
     script = os.path.join(os.path.dirname(body_file), "post.lua")
     with open(script, "w") as f:
         f.write('local f = io.open(os.getenv("BODY_FILE"), "rb")\n'
                 'wrk.method = "POST"\nwrk.body = f:read("*a")\nf:close()\n'
                 'wrk.headers["content-type"] = "application/json"\n')
+    cpu_before = cpu_ns(pid)
     out = subprocess.run(["wrk", "-t1", f"-c{args.connections}", f"-d{args.duration}s", "--latency", "-s", script,
                           f"http://127.0.0.1:{port}/v1/chat/completions"],
                          capture_output=True, text=True, env={**os.environ, "BODY_FILE": body_file}, check=True).stdout
+    cpu = cpu_ns(pid) - cpu_before
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     lat = {p: float(v) * UNITS[u] for p, v, u in LATENCY.findall(out)}
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     errors = int(non2xx.group(1)) if non2xx else 0
-    return rps, lat["50"], lat["99"], errors
+    return rps, lat["50"], lat["99"], cpu / 1e3 / max(requests, 1), errors
 
 
 def oha_binary():
@@ -193,47 +212,42 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--rate", type=int, default=500)
-    parser.add_argument("--compare-wasm", help="another filter build, measured as a third front")
+    parser.add_argument("--compare-wasm", action="append", default=[], metavar="WASM",
+                        help="another filter build, measured as one more front (repeatable)")
     parser.add_argument("--floor", action="store_true", help="add the two wasm-floor fronts")
+    parser.add_argument("--sizes", default="2048,32768", help="chat body sizes, bytes (comma-separated)")
     args = parser.parse_args()
-    for need in (ENVOY, FILTER) + ((FLOOR,) if args.floor else ()):
+    for need in [ENVOY, FILTER] + [FLOOR] * args.floor + args.compare_wasm:
         if not os.path.exists(need):
             sys.exit(f"{need} missing: run scripts/setup")
 
     workdir = tempfile.mkdtemp(prefix="cohort-bench-")
-    fronts = (["baseline", "cohort"] + (["before"] if args.compare_wasm else [])
-              + (["floor-noop", "floor-body"] if args.floor else []))
-    ports = {name: (free_port(), free_port()) for name in ["upstream"] + fronts}
     plugin = os.environ.get("COHORT_PLUGIN_JSON", '{"mode": "affinity"}')
+    # front name -> (row label, http_filters)
+    fronts = {"baseline": ("baseline", BUFFER),
+              "cohort": ("Cohort", COHORT.format(wasm=FILTER, plugin=plugin))}
+    for i, wasm in enumerate(args.compare_wasm):
+        label = os.path.basename(wasm) if len(args.compare_wasm) > 1 else "before"
+        fronts[f"compare-{i}"] = (label, COHORT.format(wasm=os.path.abspath(wasm), plugin=plugin))
+    if args.floor:
+        fronts["floor-noop"] = ("wasm floor: no-op", BUFFER + COHORT.format(wasm=FLOOR, plugin="noop"))
+        fronts["floor-body"] = ("wasm floor: read body", COHORT.format(wasm=FLOOR, plugin="body"))
+    ports = {name: (free_port(), free_port()) for name in ["upstream", *fronts]}
     upstream_port = ports["upstream"][1]
     direct = 'direct_response: { status: 200, body: { inline_string: "{\\"ok\\":true}" } }'
     hashed = "route: { cluster: upstream, hash_policy: [ { header: { header_name: x-cohort-key } } ] }"
-    configs = {
-        "upstream": TEMPLATE.format(admin=ports["upstream"][0], port=upstream_port, route=direct,
-                                    filters=BUFFER, upstream=upstream_port),
-        "baseline": TEMPLATE.format(admin=ports["baseline"][0], port=ports["baseline"][1], route=hashed,
-                                    filters=BUFFER, upstream=upstream_port),
-        "cohort": TEMPLATE.format(admin=ports["cohort"][0], port=ports["cohort"][1], route=hashed,
-                                  filters=COHORT.format(wasm=FILTER, plugin=plugin), upstream=upstream_port),
-    }
-    if args.compare_wasm:
-        configs["before"] = TEMPLATE.format(admin=ports["before"][0], port=ports["before"][1], route=hashed,
-                                            filters=COHORT.format(wasm=os.path.abspath(args.compare_wasm),
-                                                                  plugin=plugin), upstream=upstream_port)
-    if args.floor:
-        configs["floor-noop"] = TEMPLATE.format(admin=ports["floor-noop"][0], port=ports["floor-noop"][1],
-                                                route=hashed, upstream=upstream_port,
-                                                filters=BUFFER + COHORT.format(wasm=FLOOR, plugin="noop"))
-        configs["floor-body"] = TEMPLATE.format(admin=ports["floor-body"][0], port=ports["floor-body"][1],
-                                                route=hashed, upstream=upstream_port,
-                                                filters=COHORT.format(wasm=FLOOR, plugin="body"))
-    procs = [start_envoy(workdir, name, config) for name, config in configs.items()]
+    configs = {"upstream": TEMPLATE.format(admin=ports["upstream"][0], port=upstream_port, route=direct,
+                                           filters=BUFFER, upstream=upstream_port)}
+    for name, (_, filters) in fronts.items():
+        configs[name] = TEMPLATE.format(admin=ports[name][0], port=ports[name][1], route=hashed,
+                                        filters=filters, upstream=upstream_port)
+    procs = {name: start_envoy(workdir, name, config) for name, config in configs.items()}
     try:
         for admin, _ in ports.values():
             wait_ready(admin)
         rows, fixed_rate = [], []
         oha = oha_binary()
-        for size in (2048, 32768):
+        for size in [int(s) for s in args.sizes.split(",")]:
             body = chat_body(size)
             body_file = os.path.join(workdir, f"body-{size}.json")
             with open(body_file, "wb") as f:
@@ -241,8 +255,8 @@ def main():
             results = {name: [] for name in fronts}
             for _ in range(args.rounds):
                 for name in fronts:
-                    results[name].append(run_wrk(ports[name][1], body_file, args))
-            med = {name: [statistics.median(r[i] for r in runs) for i in range(3)] + [sum(r[3] for r in runs)]
+                    results[name].append(run_wrk(ports[name][1], body_file, args, procs[name].pid))
+            med = {name: [statistics.median(r[i] for r in runs) for i in range(4)] + [sum(r[4] for r in runs)]
                    for name, runs in results.items()}
             rows.append((len(body), med))
             if oha:
@@ -254,31 +268,35 @@ def main():
                                                + [min(r[2] for r in runs)] for name, runs in latencies.items()}))
         stats = urllib.request.urlopen(f"http://127.0.0.1:{ports['cohort'][0]}/stats?filter=cohort_(fingerprinted_total|bypass_total|fingerprint_us|sketch_us)").read().decode()
     finally:
-        for proc in procs:
+        for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
-        for proc in procs:
+        for proc in procs.values():
             proc.wait(timeout=10)
 
     print(f"\nEnvoy 1.40, 1 worker per Envoy, wrk -t1 -c{args.connections} -d{args.duration}s, "
-          f"{args.rounds} alternating rounds, medians\n")
-    print("| body | baseline rps | cohort rps | rps ratio | baseline p50 / p99 (ms) | cohort p50 / p99 (ms) | added p50 / p99 (ms) | non-2xx |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"{args.rounds} alternating rounds, medians. CPU/req: the front Envoy's CPU time (all "
+          "threads) per request served, µs; 'added' is the difference to the baseline front.\n")
+    print("| body | front | rps | rps ratio | CPU/req (µs) | CPU added (µs) | p50 / p99 (ms) | added p50 / p99 (ms) | non-2xx |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for size, med in rows:
-        for name in fronts[1:]:
-            b, c = med["baseline"], med[name]
-            label = f"{size:,} B" + LABELS[name]
-            print(f"| {label} | {b[0]:,.0f} | {c[0]:,.0f} | {c[0] / b[0]:.2f} | {b[1]:.3f} / {b[2]:.3f} | "
-                  f"{c[1]:.3f} / {c[2]:.3f} | {c[1] - b[1]:+.3f} / {c[2] - b[2]:+.3f} | {b[3] + c[3]} |")
+        b = med["baseline"]
+        print(f"| {size:,} B | baseline (buffer filter) | {b[0]:,.0f} | 1 | {b[3]:.1f} | — | "
+              f"{b[1]:.3f} / {b[2]:.3f} | — | {b[4]} |")
+        for name, (label, _) in list(fronts.items())[1:]:
+            c = med[name]
+            print(f"| {size:,} B | {label} | {c[0]:,.0f} | {c[0] / b[0]:.2f} | {c[3]:.1f} | {c[3] - b[3]:+.1f} | "
+                  f"{c[1]:.3f} / {c[2]:.3f} | {c[1] - b[1]:+.3f} / {c[2] - b[2]:+.3f} | {c[4]} |")
     if fixed_rate:
         print(f"\nFixed rate: oha -q {args.rate} -c 8 -z {args.duration}s, {args.rounds} alternating rounds, medians\n")
-        print("| body | baseline p50 / p99 (ms) | cohort p50 / p99 (ms) | added p50 / p99 (ms) | success |")
+        print("| body | front | p50 / p99 (ms) | added p50 / p99 (ms) | success |")
         print("|---|---|---|---|---|")
         for size, med in fixed_rate:
-            for name in fronts[1:]:
-                b, c = med["baseline"], med[name]
-                label = f"{size:,} B" + LABELS[name]
-                print(f"| {label} | {b[0]:.3f} / {b[1]:.3f} | {c[0]:.3f} / {c[1]:.3f} | "
-                      f"{c[0] - b[0]:+.3f} / {c[1] - b[1]:+.3f} | {min(b[2], c[2]):.0%} |")
+            b = med["baseline"]
+            print(f"| {size:,} B | baseline (buffer filter) | {b[0]:.3f} / {b[1]:.3f} | — | {b[2]:.0%} |")
+            for name, (label, _) in list(fronts.items())[1:]:
+                c = med[name]
+                print(f"| {size:,} B | {label} | {c[0]:.3f} / {c[1]:.3f} | "
+                      f"{c[0] - b[0]:+.3f} / {c[1] - b[1]:+.3f} | {c[2]:.0%} |")
     else:
         print("\n(oha not found: `cargo install oha` for the fixed-rate latency table)")
     print("\ncohort filter stats:\n" + stats)

@@ -84,10 +84,15 @@ pub enum HeadersVerdict {
 /// any byte above 0x7F in one; a value that is not UTF-8 is read lossily (each invalid
 /// sequence becomes U+FFFD), so a knob sent that way is malformed (default, counted) and
 /// nothing panics. Names are always ASCII tokens (Envoy's codecs reject anything else).
-pub fn headers_as_text<V: AsRef<[u8]>>(headers: Vec<(String, V)>) -> Vec<(String, String)> {
+/// A UTF-8 value keeps its buffer (no copy).
+pub fn headers_as_text<V: Into<Vec<u8>>>(headers: Vec<(String, V)>) -> Vec<(String, String)> {
     headers
         .into_iter()
-        .map(|(name, value)| (name, String::from_utf8_lossy(value.as_ref()).into_owned()))
+        .map(|(name, value)| {
+            let text = String::from_utf8(value.into())
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+            (name, text)
+        })
         .collect()
 }
 
