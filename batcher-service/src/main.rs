@@ -7,8 +7,12 @@
 //! - `cohort lint`: cache-hostile prompt templates, scored 0–1;
 //! - `cohort engine-sim`: an OpenAI-compatible engine simulator (`serve`, `bound`).
 
+mod clock;
 mod commands;
+mod config;
+mod engines;
 mod front;
+mod metrics;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -27,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the batcher service.
-    Serve(serve::config::ServeArgs),
+    Serve(config::ServeArgs),
     /// Fingerprint request bodies from JSONL (a file or stdin) and write JSONL records.
     Fingerprint(commands::fingerprint::Args),
     /// Score how batch-friendly prompt corpora are (0-1); exit 1 below --min-score.

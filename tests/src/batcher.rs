@@ -124,6 +124,26 @@ impl Batcher {
             .unwrap_or_default()
     }
 
+    /// With `COHORT_METRICS_DUMP=DIR`, the last `/metrics` page of every batcher a test
+    /// started is kept in `DIR` (`scripts/metrics-shape` compares the pages of two builds:
+    /// the same names, types and labels).
+    fn dump_metrics(&self) {
+        let Some(dir) = std::env::var_os("COHORT_METRICS_DUMP") else {
+            return;
+        };
+        if self.child.is_none() {
+            return;
+        }
+        let page = self.metrics();
+        if page.is_empty() {
+            return;
+        }
+        let dir = PathBuf::from(dir);
+        let _ = std::fs::create_dir_all(&dir);
+        let name = format!("{}-{}.txt", std::process::id(), self.spec.grpc_port);
+        let _ = std::fs::write(dir.join(name), page);
+    }
+
     /// One sample of `/metrics` by its full name with labels (`name` or `name{l="v"}`).
     pub fn metric(&self, series: &str) -> f64 {
         self.metrics()
@@ -192,6 +212,7 @@ impl Batcher {
 
 impl Drop for Batcher {
     fn drop(&mut self) {
+        self.dump_metrics();
         self.kill9();
     }
 }

@@ -1324,17 +1324,25 @@ fn the_dashboard_check_catches_an_undocumented_metric() {
 #[test]
 fn documented_batcher_metrics_are_the_ones_the_batcher_writes() {
     // Every cohort_* name the batcher's sources write is documented (the GPU one is
-    // documented ahead of the GPU store that will export it).
+    // documented ahead of the GPU store that will export it): every file of the binary,
+    // wherever the layout puts it, and the filter's stats.
     let documented = documented_metrics();
-    let sources = [
-        "batcher-service/src/serve/brain.rs",
-        "batcher-service/src/front/stats.rs",
-        "batcher-service/src/front/prefetch.rs",
-        "batcher-service/src/front/mod.rs",
-        "filter/src/stats.rs",
-    ];
-    for source in sources {
-        let text = read(&workspace().join(source));
+    let mut sources = Vec::new();
+    let mut dirs = vec![workspace().join("batcher-service/src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                sources.push(path);
+            }
+        }
+    }
+    assert!(sources.len() > 20, "{sources:?}");
+    sources.push(workspace().join("filter/src/stats.rs"));
+    for source in &sources {
+        let text = read(source);
         let code = text.split("#[cfg(test)]").next().unwrap();
         for piece in code.split('"').skip(1).step_by(2) {
             let is_name = piece.starts_with("cohort_")
@@ -1344,7 +1352,8 @@ fn documented_batcher_metrics_are_the_ones_the_batcher_writes() {
             if is_name && piece != "cohort_engine_unreachable" {
                 assert!(
                     documented.contains(piece),
-                    "{source}: {piece} is not in docs/METRICS.md"
+                    "{}: {piece} is not in docs/METRICS.md",
+                    source.display()
                 );
             }
         }

@@ -64,6 +64,17 @@ pub struct PrefetchPolicy {
 }
 
 impl PrefetchLevel {
+    /// The header's and the configuration's words: `high`, `medium`, `low`, `none`.
+    pub fn parse(value: &str) -> Option<PrefetchLevel> {
+        match value.trim() {
+            "high" => Some(PrefetchLevel::High),
+            "medium" => Some(PrefetchLevel::Medium),
+            "low" => Some(PrefetchLevel::Low),
+            "none" => Some(PrefetchLevel::None),
+            _ => None,
+        }
+    }
+
     pub fn policy(self) -> Option<PrefetchPolicy> {
         let (top_k, floor, idle_slots) = match self {
             PrefetchLevel::None => return None,

@@ -1,6 +1,6 @@
 //! `cohort serve`: run the batcher (see `crate::serve` for what it does).
 
-use crate::serve::config::{ServeArgs, ServeConfig};
+use crate::config::{ServeArgs, ServeConfig};
 use anyhow::Context as _;
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {

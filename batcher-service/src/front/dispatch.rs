@@ -3,14 +3,41 @@
 //! only when none answers), and the relay that reports the first byte (a leader's prefix
 //! is computed; the heatmap; the prefetch trigger) and the end (slot free; cancelled).
 
-use super::upstream::{Relay, UpstreamError};
-use super::{lock, Dispatch, Front, SendBody};
+use super::warm::WarmPlan;
+use super::{lock, Front};
+use crate::engines::upstream::{Relay, UpstreamError};
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
+use cohort_batcher_core::batch::BatchId;
+use cohort_batcher_core::engines::FrontApi;
 use cohort_batcher_core::engines::Member;
+use serde_json::{Map, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 use tracing::warn;
+
+/// Where and how to send one request.
+pub(super) struct Dispatch {
+    pub api: FrontApi,
+    pub replica: usize,
+    pub slot: Option<usize>,
+    pub salt: Option<String>,
+    pub body: SendBody,
+    pub role: &'static str,
+    /// `(cohort, batch)` when this is a batch leader.
+    pub leads: Option<(u64, BatchId)>,
+    /// When the front received the request (the heatmap's time to first byte).
+    pub received: Instant,
+    /// A leader's prefetch, started at its first byte (not before: a warm-up on the
+    /// leader's replica would otherwise prefill alongside the leader and delay it).
+    pub warm_after: Option<WarmPlan>,
+}
+
+pub(super) enum SendBody {
+    Json(Map<String, Value>),
+    Raw(Bytes),
+}
 
 impl Front {
     /// Sends one request, failing over to the next healthy replica when the engine is
@@ -20,16 +47,16 @@ impl Front {
         send: Dispatch,
         headers: &HeaderMap,
     ) -> Response<Body> {
-        let n = self.replicas.len();
+        let n = self.engines.len();
         let mut replica = send.replica;
         let mut slot = send.slot;
         for attempt in 0..n {
             if attempt > 0 {
-                replica = self.healthy_from((replica + 1) % n);
+                replica = self.engines.healthy_from((replica + 1) % n);
                 slot = None;
                 self.stats.failovers.fetch_add(1, Ordering::Relaxed);
             }
-            let target = &self.replicas[replica];
+            let target = &self.engines[replica];
             let body = match &send.body {
                 SendBody::Raw(bytes) => bytes.clone(),
                 SendBody::Json(map) => {
@@ -47,15 +74,16 @@ impl Front {
             if let Some(s) = slot {
                 lock(&self.slots).started(replica, s);
             }
-            target.in_flight.fetch_add(1, Ordering::Relaxed);
+            target.request_started();
             let result = self
-                .upstream
+                .engines
+                .upstream()
                 .send(Method::POST, &target.base, send.api.path(), headers, body)
                 .await;
             match result {
                 Ok(response) => return self.relay(response, &send, replica, slot),
                 Err(error) => {
-                    target.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    target.request_ended();
                     if let Some(s) = slot {
                         lock(&self.slots).finished(replica, s, self.clock.now_ms());
                     }
@@ -95,7 +123,7 @@ impl Front {
         for name in ["connection", "keep-alive", "transfer-encoding"] {
             parts.headers.remove(name);
         }
-        let tag = format!("{};replica={}", send.role, self.replicas[replica].name);
+        let tag = format!("{};replica={}", send.role, self.engines[replica].name);
         if let Ok(value) = HeaderValue::from_str(&tag) {
             parts.headers.insert("x-cohort-batch", value);
         }
@@ -115,9 +143,7 @@ impl Front {
         };
         let front = Arc::clone(self);
         let on_end = Box::new(move |finished: bool| {
-            front.replicas[replica]
-                .in_flight
-                .fetch_sub(1, Ordering::Relaxed);
+            front.engines[replica].request_ended();
             if let Some(s) = slot {
                 lock(&front.slots).finished(replica, s, front.clock.now_ms());
             }

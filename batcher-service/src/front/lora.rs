@@ -6,7 +6,7 @@
 //! loaded on the chosen replica first (engines that load at run time). Warm-ups of a
 //! predicted cohort load its adapter on the owner replica ahead of time.
 
-use crate::serve::config::LoraSection;
+use crate::config::LoraSection;
 use cohort_batcher_core::engines::LoraAdapter;
 use std::collections::HashSet;
 use std::sync::Mutex;

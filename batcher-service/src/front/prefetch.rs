@@ -12,7 +12,7 @@
 //!
 //! `prefetch_miss_ratio` = miss / (hit + miss).
 
-use crate::serve::metrics::Page;
+use crate::metrics::Scrape;
 use cohort_batcher_core::engines::FrontApi;
 use cohort_batcher_core::predict::{PredictConfig, Prediction, Predictor, PrefetchPolicy};
 use lru::LruCache;
@@ -136,29 +136,29 @@ impl Prefetcher {
         self.wasted.fetch_add(wasted, Ordering::Relaxed);
     }
 
-    pub fn write(&self, page: &mut Page) {
+    pub fn write(&self, scrape: &mut Scrape<'_>) {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        page.counter(
+        scrape.counter(
             "cohort_prefetch_issued_total",
             "Warm-up requests sent for predicted cohorts.",
             n(&self.issued),
         );
-        page.counter(
+        scrape.counter(
             "cohort_prefetch_hit_total",
             "Warm-ups whose cohort arrived while they were fresh.",
             n(&self.hits),
         );
-        page.counter(
+        scrape.counter(
             "cohort_prefetch_miss_total",
             "Cohorts seen before that arrived cold (no warm-up, prefix not held).",
             n(&self.misses),
         );
-        page.counter(
+        scrape.counter(
             "cohort_prefetch_wasted_total",
             "Warm-ups whose cohort did not arrive within two horizons.",
             n(&self.wasted),
         );
-        page.counter(
+        scrape.counter(
             "cohort_prefetch_failed_total",
             "Warm-ups the engine did not answer with success.",
             n(&self.failed),
@@ -169,7 +169,7 @@ impl Prefetcher {
         } else {
             misses as f64 / (hits + misses) as f64
         };
-        page.gauge(
+        scrape.gauge(
             "cohort_prefetch_miss_ratio",
             "miss / (hit + miss) since start.",
             ratio,
@@ -213,9 +213,11 @@ mod tests {
         assert_eq!(p.take_warm(2, 21_000), None, "used once");
         p.issued(2, 1, 30_000);
         p.expire(30_000 + 6_401);
-        let mut page = Page::default();
-        p.write(&mut page);
-        let text = page.finish();
+        let p = std::sync::Arc::new(p);
+        let text = crate::metrics::render_one({
+            let p = std::sync::Arc::clone(&p);
+            move |scrape: &mut Scrape<'_>| p.write(scrape)
+        });
         assert!(text.contains("cohort_prefetch_issued_total 2\n"));
         assert!(text.contains("cohort_prefetch_hit_total 1\n"));
         assert!(text.contains("cohort_prefetch_miss_total 1\n"));

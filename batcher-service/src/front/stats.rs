@@ -1,6 +1,6 @@
 //! The front's counters and histograms, and their part of the `/metrics` page.
 
-use crate::serve::metrics::{Histogram, Page};
+use crate::metrics::{histogram, Histogram, Scrape};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -95,13 +95,13 @@ pub struct QueueWait(pub Histogram);
 
 impl Default for BatchSizes {
     fn default() -> Self {
-        BatchSizes(Histogram::new(&[1.0, 2.0, 4.0, 8.0, 16.0, 32.0]))
+        BatchSizes(histogram(&[1.0, 2.0, 4.0, 8.0, 16.0, 32.0]))
     }
 }
 
 impl Default for QueueWait {
     fn default() -> Self {
-        QueueWait(Histogram::new(&[
+        QueueWait(histogram(&[
             0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
         ]))
     }
@@ -120,11 +120,10 @@ impl FrontStats {
         self.batch_size.0.observe(members as f64);
     }
 
-    pub fn write(&self, page: &mut Page) {
+    pub fn write(&self, scrape: &mut Scrape<'_>) {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
-        page.labelled(
+        scrape.labelled_counter(
             "cohort_front_requests_total",
-            "counter",
             "Requests the batch front sent, by role: leader (opened a batch), follower (joined one), direct (not batched).",
             "role",
             &[
@@ -133,9 +132,8 @@ impl FrontStats {
                 ("direct".into(), n(&self.direct_unparsed) + n(&self.direct_overflow)),
             ],
         );
-        page.labelled(
+        scrape.labelled_counter(
             "cohort_front_direct_total",
-            "counter",
             "Requests sent on without batching, by reason (unparsed body; overflow: hold queue full).",
             "reason",
             &[
@@ -143,37 +141,37 @@ impl FrontStats {
                 ("overflow".into(), n(&self.direct_overflow)),
             ],
         );
-        page.counter(
+        scrape.counter(
             "cohort_front_failovers_total",
             "Requests sent to another replica because theirs was unreachable.",
             self.failovers.load(Ordering::Relaxed),
         );
-        page.counter(
+        scrape.counter(
             "cohort_front_unreachable_total",
             "Requests answered 502 because no engine replica was reachable.",
             self.unreachable.load(Ordering::Relaxed),
         );
-        page.counter(
+        scrape.counter(
             "cohort_front_cancelled_total",
             "Callers that went away before their response ended (their engine request was cancelled).",
             self.cancelled.load(Ordering::Relaxed),
         );
-        page.histogram(
+        scrape.histogram(
             "cohort_batch_size",
             "Members per closed batch (leader included).",
             &self.batch_size.0,
         );
-        page.histogram(
+        scrape.histogram(
             "cohort_queue_wait_seconds",
             "Time a follower was held for its leader's prefix.",
             &self.queue_wait.0,
         );
-        page.counter(
+        scrape.counter(
             "cohort_lora_loads_total",
             "LoRA adapters loaded on engine replicas.",
             self.lora_loads.load(Ordering::Relaxed),
         );
-        page.counter(
+        scrape.counter(
             "cohort_lora_load_errors_total",
             "LoRA adapter loads that failed (the request went on; the engine answers it).",
             self.lora_load_errors.load(Ordering::Relaxed),

@@ -2,16 +2,26 @@
 //! (at a leader's first byte, on the predicted cohort's owner replica when it has idle
 //! capacity) and LoRA adapter loads (before the first request that needs one).
 
-use super::{lock, Front, WarmPlan};
+use super::{lock, Front};
 use axum::body::Bytes;
 use axum::http::Method;
 use cohort_batcher_core::batch::Release;
 use cohort_batcher_core::engines::{warmup_body, LoraAdapter, Member};
+use cohort_batcher_core::predict::PrefetchLevel;
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::warn;
+
+/// What a leader's prefetch needs.
+#[derive(Clone)]
+pub(super) struct WarmPlan {
+    pub tenant_hash: u64,
+    pub cohort: u64,
+    pub level: PrefetchLevel,
+    pub salt: Option<String>,
+}
 
 impl Front {
     /// Warms the cohorts predicted to follow this one, on their owner replicas, when
@@ -27,7 +37,7 @@ impl Front {
                 .plan(parsed.tenant_hash, parsed.cohort, now, policy)
         {
             let replica = exemplar.replica;
-            let target = &self.replicas[replica];
+            let target = &self.engines[replica];
             if !target.is_healthy() {
                 continue;
             }
@@ -40,10 +50,8 @@ impl Front {
                 }
                 Some(slots.pick(replica, prediction.cohort, now))
             } else {
-                let waiting = lock(&target.metrics).waiting.unwrap_or(0.0);
-                if waiting > 0.0
-                    || target.in_flight.load(Ordering::Relaxed) >= 4 * policy.idle_slots
-                {
+                let waiting = target.metrics().waiting.unwrap_or(0.0);
+                if waiting > 0.0 || target.in_flight() >= 4 * policy.idle_slots {
                     continue;
                 }
                 None
@@ -71,9 +79,10 @@ impl Front {
                 if let Some(s) = slot {
                     lock(&front.slots).started(replica, s);
                 }
-                let target = &front.replicas[replica];
+                let target = &front.engines[replica];
                 let result = front
-                    .upstream
+                    .engines
+                    .upstream()
                     .call(
                         Method::POST,
                         &target.base,
@@ -97,13 +106,14 @@ impl Front {
         if self.lora.is_loaded(replica, adapter) {
             return;
         }
-        let target = &self.replicas[replica];
+        let target = &self.engines[replica];
         let Some(call) = target.engine.lora_load(adapter) else {
             return;
         };
         let body = Bytes::from(call.body.to_string());
         let result = self
-            .upstream
+            .engines
+            .upstream()
             .call(
                 Method::POST,
                 &target.base,

@@ -4,7 +4,7 @@
 //! ended with its summary so the server can drain instead of waiting for them forever.
 
 use super::brain::{Brain, BrainError};
-use super::Clock;
+use crate::clock::Clock;
 use cohort_proto as pb;
 use pb::batcher_server::Batcher;
 use std::sync::Arc;

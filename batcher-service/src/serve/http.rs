@@ -1,12 +1,10 @@
-//! The batcher's HTTP endpoints for operators: `/metrics` (Prometheus text), `/healthz`
+//! The batcher's HTTP endpoints for operators: `/metrics` (OpenMetrics text), `/healthz`
 //! (the process is up) and `/readyz` (listening and not draining; a Kubernetes readiness
-//! probe takes a draining batcher out of its Service before it stops), and the inspector
-//! page under `/ui` (see [`super::inspect`]).
+//! probe takes a draining batcher out of its Service before it stops), with the inspector
+//! page under `/ui` ([`super::inspect`]) on the same port.
 
-use super::brain::Brain;
-use super::metrics::Page;
-use super::Clock;
-use crate::front::Front;
+use super::inspect::{self, InspectState};
+use crate::metrics::{Metrics, CONTENT_TYPE};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -17,39 +15,24 @@ use std::sync::Arc;
 
 #[derive(Clone)]
 pub struct HttpState {
-    pub brain: Arc<Brain>,
-    pub clock: Clock,
     pub ready: Arc<AtomicBool>,
-    /// Batch mode's front, when it runs: its metrics join the page.
-    pub front: Option<Arc<Front>>,
-    /// Where the inspector's browser build lives (`pkg/`), if installed.
-    pub ui_assets: Option<std::path::PathBuf>,
+    /// Every part's metrics (the brain's; the front's and the engines' when it runs).
+    pub metrics: Arc<Metrics>,
 }
 
-pub fn router(state: HttpState) -> Router {
+pub fn router(state: HttpState, inspect: InspectState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .merge(super::inspect::routes())
         .with_state(state)
+        .merge(inspect::routes(inspect))
 }
 
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        {
-            let mut text = state.brain.metrics(state.clock.now_ms());
-            if let Some(front) = &state.front {
-                let mut page = Page::default();
-                front.write_metrics(&mut page);
-                text.push_str(&page.finish());
-            }
-            text
-        },
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+        state.metrics.render(),
     )
 }
 

@@ -11,7 +11,9 @@
 //!
 //! Nothing here shows prompt text: cohorts are ids, sources are tenant names.
 
-use super::http::HttpState;
+use super::brain::Brain;
+use crate::clock::Clock;
+use crate::front::Front;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
@@ -19,6 +21,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 const PAGE: &str = include_str!("../../ui/index.html");
 const SCRIPT: &str = include_str!("../../ui/inspector.js");
@@ -28,7 +32,18 @@ const PKG_FILES: [(&str, &str); 2] = [
     ("cohort_fingerprint_web_bg.wasm", "application/wasm"),
 ];
 
-pub fn routes() -> Router<HttpState> {
+/// What the inspector reads.
+#[derive(Clone)]
+pub struct InspectState {
+    pub brain: Arc<Brain>,
+    pub clock: Clock,
+    /// Batch mode's front, when it runs: its latency heatmap joins the page.
+    pub front: Option<Arc<Front>>,
+    /// Where the inspector's browser build lives (`pkg/`), if installed.
+    pub ui_assets: Option<PathBuf>,
+}
+
+pub fn routes(inspect: InspectState) -> Router {
     Router::new()
         .route("/ui", get(|| async { Html(PAGE) }))
         .route(
@@ -38,9 +53,10 @@ pub fn routes() -> Router<HttpState> {
         .route("/ui/pkg/{file}", get(pkg))
         .route("/ui/api/state", get(state))
         .route("/ui/api/nearest", post(nearest))
+        .with_state(inspect)
 }
 
-async fn pkg(State(state): State<HttpState>, Path(file): Path<String>) -> Response {
+async fn pkg(State(state): State<InspectState>, Path(file): Path<String>) -> Response {
     let Some((name, mime)) = PKG_FILES.iter().find(|(name, _)| *name == file) else {
         return StatusCode::NOT_FOUND.into_response();
     };
@@ -57,7 +73,7 @@ async fn pkg(State(state): State<HttpState>, Path(file): Path<String>) -> Respon
     }
 }
 
-async fn state(State(state): State<HttpState>) -> Json<serde_json::Value> {
+async fn state(State(state): State<InspectState>) -> Json<serde_json::Value> {
     let now = state.clock.now_ms();
     Json(json!({
         "batcher": state.brain.inspector_state(now),
@@ -72,7 +88,7 @@ struct NearestQuery {
     sketch_i8: Vec<i8>,
 }
 
-async fn nearest(State(state): State<HttpState>, Json(query): Json<NearestQuery>) -> Response {
+async fn nearest(State(state): State<InspectState>, Json(query): Json<NearestQuery>) -> Response {
     let Ok(sketch) = <[i8; 32]>::try_from(query.sketch_i8.as_slice()) else {
         return (StatusCode::BAD_REQUEST, "sketch_i8 must hold 32 values\n").into_response();
     };

@@ -13,36 +13,23 @@
 //! the upkeep task stops, and the process exits 0. Closing the listener at once instead
 //! would fail requests a proxy writes onto a pooled connection as it closes.
 
-pub mod brain;
-pub mod config;
+mod brain;
 mod grpc;
 mod http;
 mod inspect;
-pub mod metrics;
 
+use crate::clock::Clock;
+use crate::config::ServeConfig;
+use crate::engines::{self, Fleet};
 use crate::front::Front;
+use crate::metrics::{Metrics, Scrape};
 use anyhow::Context as _;
 use brain::Brain;
-use config::ServeConfig;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::watch;
 use tracing::info;
-
-/// Milliseconds since the batcher started: the injected time of every decision.
-#[derive(Clone, Copy)]
-pub struct Clock(Instant);
-
-impl Clock {
-    pub fn start() -> Clock {
-        Clock(Instant::now())
-    }
-
-    pub fn now_ms(&self) -> u64 {
-        self.0.elapsed().as_millis() as u64
-    }
-}
 
 /// Runs until SIGTERM or Ctrl-C.
 pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
@@ -77,20 +64,30 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
                 )
             })?;
         info!(front = %listener.local_addr()?, "batch front listening");
+        let fleet = Arc::new(Fleet::new(&config));
         let front = Arc::new(Front::new(
             &config,
+            Arc::clone(&fleet),
             clock,
             stop_rx.clone(),
             Arc::clone(&draining),
         ));
-        Some((front, listener))
+        Some((front, fleet, listener))
     } else {
         None
     };
+    let mut metrics = Metrics::default();
+    metrics.add(Arc::new({
+        let brain = Arc::clone(&brain);
+        move |scrape: &mut Scrape<'_>| brain.write_metrics(scrape, clock.now_ms())
+    }));
     let mut front_tasks = Vec::new();
-    let front = front.map(|(front, listener)| {
-        front_tasks.extend(crate::front::spawn_engine_watch(
-            Arc::clone(&front),
+    let front = front.map(|(front, fleet, listener)| {
+        metrics.add(Arc::clone(&front) as _);
+        metrics.add(Arc::clone(&fleet) as _);
+        front_tasks.extend(engines::probe::spawn(
+            fleet,
+            Arc::clone(&front) as _,
             stop_rx.clone(),
         ));
         let mut stop = stop_rx.clone();
@@ -123,13 +120,18 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     });
     let http = tokio::spawn({
         let mut stop = stop_rx.clone();
-        let router = http::router(http::HttpState {
-            brain: Arc::clone(&brain),
-            clock,
-            ready: Arc::clone(&ready),
-            front: front.clone(),
-            ui_assets: config.ui_assets_dir(),
-        });
+        let router = http::router(
+            http::HttpState {
+                ready: Arc::clone(&ready),
+                metrics: Arc::new(metrics),
+            },
+            inspect::InspectState {
+                brain: Arc::clone(&brain),
+                clock,
+                front: front.clone(),
+                ui_assets: config.ui_assets_dir(),
+            },
+        );
         async move {
             axum::serve(http_listener, router)
                 .with_graceful_shutdown(async move {

@@ -5,10 +5,12 @@
 //! that answers is reachable; some answer 404 on paths they lack). Metrics: the adapter's
 //! Prometheus page, parsed by the adapter. llama.cpp replicas configured without `slots`
 //! get their slot count from `GET /props` (`total_slots`) at the first successful probe.
-//! A replica that goes down loses its LoRA adapters and slot contents in the books: an
-//! engine that restarts comes back empty.
+//!
+//! What the probes learn is kept on the [`Fleet`]; what others must act on goes to an
+//! [`EngineEvents`] listener: a replica that goes down loses its LoRA adapters and slot
+//! contents in the batch front's books (an engine that restarts comes back empty).
 
-use super::Front;
+use super::Fleet;
 use axum::http::Method;
 use cohort_batcher_core::engines::EngineKind;
 use std::sync::Arc;
@@ -18,19 +20,31 @@ use tracing::{info, warn};
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// What a probe tells its listener.
+pub trait EngineEvents: Send + Sync {
+    /// The replica stopped answering its health probe.
+    fn engine_down(&self, replica: usize);
+    /// The replica reported how many slots it runs (llama.cpp `/props`).
+    fn engine_slots(&self, replica: usize, slots: usize);
+}
+
 /// Spawns the scrape tasks; they end when `stop` turns true.
-pub fn spawn(front: Arc<Front>, stop: watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>> {
-    (0..front.replicas.len())
+pub fn spawn(
+    fleet: Arc<Fleet>,
+    events: Arc<dyn EngineEvents>,
+    stop: watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..fleet.len())
         .map(|index| {
-            let front = Arc::clone(&front);
+            let fleet = Arc::clone(&fleet);
+            let events = Arc::clone(&events);
             let mut stop = stop.clone();
             tokio::spawn(async move {
-                let mut tick =
-                    tokio::time::interval(Duration::from_secs(front.config.scrape_interval_s));
+                let mut tick = tokio::time::interval(fleet.scrape_interval);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {
-                        _ = tick.tick() => probe(&front, index).await,
+                        _ = tick.tick() => probe(&fleet, events.as_ref(), index).await,
                         _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
                     }
                 }
@@ -39,11 +53,11 @@ pub fn spawn(front: Arc<Front>, stop: watch::Receiver<bool>) -> Vec<tokio::task:
         .collect()
 }
 
-async fn probe(front: &Front, index: usize) {
-    let replica = &front.replicas[index];
+async fn probe(fleet: &Fleet, events: &dyn EngineEvents, index: usize) {
+    let replica = &fleet[index];
     let engine = replica.engine;
-    let health = front
-        .upstream
+    let upstream = fleet.upstream();
+    let health = upstream
         .call(
             Method::GET,
             &replica.base,
@@ -59,16 +73,14 @@ async fn probe(front: &Front, index: usize) {
             info!(replica = %replica.name, "engine replica is up");
         } else {
             warn!(replica = %replica.name, error = ?health.err(), "engine replica is down");
-            front.lora.forget_replica(index);
-            front.forget_slots(index);
+            events.engine_down(index);
         }
     }
     if !up {
         return;
     }
     if engine.kind() == EngineKind::LlamaCpp && replica.needs_slot_count() {
-        if let Ok((200, body)) = front
-            .upstream
+        if let Ok((200, body)) = upstream
             .call(Method::GET, &replica.base, "/props", None, PROBE_TIMEOUT)
             .await
         {
@@ -76,14 +88,14 @@ async fn probe(front: &Front, index: usize) {
                 .ok()
                 .and_then(|v| v.get("total_slots")?.as_u64());
             if let Some(slots) = slots.filter(|&n| n > 0) {
-                front.set_slots(index, slots as usize);
+                events.engine_slots(index, slots as usize);
+                replica.mark_slots_known();
                 info!(replica = %replica.name, slots, "slot count from /props");
             }
         }
     }
     if let Some(path) = engine.metrics_path() {
-        if let Ok((200, body)) = front
-            .upstream
+        if let Ok((200, body)) = upstream
             .call(Method::GET, &replica.base, path, None, PROBE_TIMEOUT)
             .await
         {

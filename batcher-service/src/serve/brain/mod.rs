@@ -11,8 +11,11 @@
 //! Time is passed in (`now_ms` since the batcher started) so tests drive it; tenants are
 //! hashed to 32 bits and every lookup stays within one tenant.
 
-use super::config::ServeConfig;
-use super::metrics::{Histogram, Page};
+mod metrics;
+mod report;
+
+use crate::config::ServeConfig;
+use crate::metrics::{decision_seconds, Histogram};
 use cohort_batcher_core::cohorts::Cohorts;
 use cohort_batcher_core::policy::{Policy, PolicyConfig, RouteRequest};
 use cohort_batcher_core::store::cpu::{Capacity, CpuStoreConfig};
@@ -129,7 +132,7 @@ impl Brain {
             )),
             store: open_fingerprint_store(config),
             counters: Counters::default(),
-            assign_seconds: Histogram::decision_seconds(),
+            assign_seconds: decision_seconds(),
             pivot: Mutex::new(std::collections::HashMap::new()),
         }
     }
@@ -237,216 +240,11 @@ impl Brain {
         }
     }
 
-    /// The inspector's view: live cohorts, the batch pivot (cohort × source), store
-    /// statistics. Sources are tenant names as the mesh set them; prompts never appear.
-    pub fn inspector_state(&self, now_ms: u64) -> serde_json::Value {
-        let now_s = secs(now_ms);
-        let cohorts = lock(&self.cohorts);
-        let live = cohorts.live(now_s);
-        let counters = cohorts.counters();
-        drop(cohorts);
-        let (mut pivot, pivot_full) = {
-            let counts = lock(&self.pivot);
-            let rows: Vec<_> = counts
-                .iter()
-                .map(|((c, src), n)| (*c, src.clone(), *n))
-                .collect();
-            (rows, counts.len() >= PIVOT_CAP)
-        };
-        pivot.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
-        let store = self.store.stats();
-        serde_json::json!({
-            "cohorts": live.iter().take(50).map(|&(id, tenant, members, last)| serde_json::json!({
-                "cohort": format!("{id:08x}"),
-                "tenant": format!("{tenant:08x}"),
-                "members": members,
-                "idle_s": now_s.saturating_sub(last),
-            })).collect::<Vec<_>>(),
-            "cohorts_live": live.len(),
-            "cohorts_created": counters.created,
-            "semantic_conflicts": counters.conflicts,
-            "pivot": pivot.iter().take(200).map(|(c, src, n)| serde_json::json!({
-                "cohort": format!("{c:08x}"),
-                "source": if src.is_empty() { "(no tenant)" } else { src.as_str() },
-                "requests": n,
-            })).collect::<Vec<_>>(),
-            "pivot_full": pivot_full,
-            "store": {
-                "entries": store.entries,
-                "bytes": store.bytes,
-                "evictions": store.evictions,
-                "expirations": store.expirations,
-            },
-            "observations": self.counters.observations.load(Ordering::Relaxed),
-            "assigns": self.counters.assigns.load(Ordering::Relaxed),
-        })
-    }
-
-    /// The live cohorts of `tenant` nearest to `sketch`: (cluster id, cosine).
-    pub fn nearest_cohorts(
-        &self,
-        tenant: &str,
-        sketch: &SketchBytes,
-        now_ms: u64,
-    ) -> Vec<(String, f32)> {
-        lock(&self.cohorts)
-            .nearest_cohorts(tenant_hash(tenant), sketch, 5, secs(now_ms))
-            .into_iter()
-            .map(|(id, cos)| (format!("{id:08x}"), cos))
-            .collect()
-    }
-
     /// Periodic upkeep: expired fingerprints and idle cohorts go.
     pub fn expire(&self, now_ms: u64) {
         let now_s = secs(now_ms);
         self.store.expire(now_s);
         lock(&self.cohorts).expire(now_s);
-    }
-
-    pub fn status(&self, now_ms: u64) -> pb::StatusReply {
-        let snapshot = lock(&self.policy).snapshot(now_ms);
-        pb::StatusReply {
-            observations: self.counters.observations.load(Ordering::Relaxed),
-            assigns: self.counters.assigns.load(Ordering::Relaxed),
-            cohorts: lock(&self.cohorts).counters().live,
-            store_entries: self.store.stats().entries,
-            replicas: self
-                .replicas
-                .iter()
-                .zip(&snapshot.replicas)
-                .map(|(name, r)| pb::ReplicaStatus {
-                    name: name.clone(),
-                    load: r.load,
-                    blocks: r.blocks_held as u64,
-                    assigned: r.assigned,
-                })
-                .collect(),
-            shard_index: self.shard_index,
-            shard_count: self.shard_count,
-            dropped_reported: self.counters.dropped_reported.load(Ordering::Relaxed),
-        }
-    }
-
-    /// The Prometheus page (names documented in docs/BATCHER.md).
-    pub fn metrics(&self, now_ms: u64) -> String {
-        let c = &self.counters;
-        let snapshot = lock(&self.policy).snapshot(now_ms);
-        let store = self.store.stats();
-        let cohorts = lock(&self.cohorts).counters();
-        let per_replica = |f: &dyn Fn(usize) -> f64| -> Vec<(String, f64)> {
-            self.replicas
-                .iter()
-                .enumerate()
-                .map(|(i, name)| (name.clone(), f(i)))
-                .collect()
-        };
-        let mut page = Page::default();
-        page.counter(
-            "cohort_assign_total",
-            "Assign calls answered.",
-            c.assigns.load(Ordering::Relaxed),
-        );
-        page.labelled(
-            "cohort_assign_reason_total",
-            "counter",
-            "Assign decisions by why the replica was chosen.",
-            "reason",
-            &["prefix", "cohort", "load_spill", "least_loaded"]
-                .iter()
-                .zip(snapshot.reasons)
-                .map(|(r, n)| (r.to_string(), n as f64))
-                .collect::<Vec<_>>(),
-        );
-        page.histogram(
-            "cohort_assign_decision_seconds",
-            "Time to decide one Assign inside the batcher.",
-            &self.assign_seconds,
-        );
-        page.counter(
-            "cohort_observations_total",
-            "Observations received from filters.",
-            c.observations.load(Ordering::Relaxed),
-        );
-        page.counter(
-            "cohort_observations_without_sketch_total",
-            "Observations with no intent text (no sketch): routed on prefix only.",
-            c.observations_without_sketch.load(Ordering::Relaxed),
-        );
-        page.counter(
-            "cohort_observations_unknown_sketch_version_total",
-            "Observations whose sketch version this batcher does not know.",
-            c.unknown_sketch_version.load(Ordering::Relaxed),
-        );
-        page.counter(
-            "cohort_observations_dropped_by_filters_total",
-            "Observations filters reported dropping (queue full while the batcher was away).",
-            c.dropped_reported.load(Ordering::Relaxed),
-        );
-        page.gauge(
-            "cohort_store_entries",
-            "Fingerprints in the store.",
-            store.entries as f64,
-        );
-        page.gauge(
-            "cohort_store_bytes",
-            "Memory held by the fingerprint store.",
-            store.bytes as f64,
-        );
-        page.counter(
-            "cohort_store_evictions_total",
-            "Fingerprints evicted for capacity (least recently used).",
-            store.evictions,
-        );
-        page.counter(
-            "cohort_store_expirations_total",
-            "Fingerprints expired by their cache-ttl.",
-            store.expirations,
-        );
-        page.gauge("cohort_cohorts", "Live cohorts.", cohorts.live as f64);
-        page.counter(
-            "cohort_cohorts_created_total",
-            "Cohorts started.",
-            cohorts.created,
-        );
-        page.counter(
-            "cohort_cohorts_expired_total",
-            "Cohorts expired after idling.",
-            cohorts.expired,
-        );
-        page.counter(
-            "cohort_semantic_conflicts_total",
-            "Observations whose runner-up cohort was within the conflict margin of the best.",
-            cohorts.conflicts,
-        );
-        page.labelled(
-            "cohort_replica_load",
-            "gauge",
-            "Estimated load per engine replica (decayed assigned work).",
-            "replica",
-            &per_replica(&|i| snapshot.replicas[i].load),
-        );
-        page.labelled(
-            "cohort_replica_prefix_blocks",
-            "gauge",
-            "Prefix blocks the batcher believes each replica holds.",
-            "replica",
-            &per_replica(&|i| snapshot.replicas[i].blocks_held as f64),
-        );
-        page.labelled(
-            "cohort_replica_prefix_evictions_total",
-            "counter",
-            "Blocks evicted from each replica's approximate prefix state (cache eviction rate).",
-            "replica",
-            &per_replica(&|i| snapshot.replicas[i].evictions as f64),
-        );
-        page.labelled(
-            "cohort_replica_assigned_total",
-            "counter",
-            "Requests assigned to each replica.",
-            "replica",
-            &per_replica(&|i| snapshot.replicas[i].assigned as f64),
-        );
-        page.finish()
     }
 }
 
@@ -474,9 +272,18 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::serve::config::Replica;
+    use crate::config::Replica;
+    use std::sync::Arc;
 
-    fn brain(replicas: usize, shard_count: u32) -> Brain {
+    /// The brain's `/metrics` part at `now_ms`.
+    fn page(brain: &Arc<Brain>, now_ms: u64) -> String {
+        let brain = Arc::clone(brain);
+        crate::metrics::render_one(move |scrape: &mut crate::metrics::Scrape<'_>| {
+            brain.write_metrics(scrape, now_ms)
+        })
+    }
+
+    fn brain(replicas: usize, shard_count: u32) -> Arc<Brain> {
         let config = ServeConfig {
             replicas: (0..replicas)
                 .map(|i| Replica::named(&format!("r{i}")))
@@ -484,7 +291,7 @@ mod tests {
             shard_count,
             ..ServeConfig::default()
         };
-        Brain::new(&config)
+        Arc::new(Brain::new(&config))
     }
 
     fn fingerprint(blocks: Vec<u64>, sketch: [i8; 32]) -> pb::Fingerprint {
@@ -580,7 +387,7 @@ mod tests {
         assert_eq!(status.dropped_reported, 4);
         assert_eq!(status.store_entries, 2);
         assert_eq!(status.cohorts, 1);
-        let metrics = brain.metrics(1_000);
+        let metrics = page(&brain, 1_000);
         assert!(
             metrics.contains("cohort_observations_total 2\n"),
             "{metrics}"
@@ -618,9 +425,7 @@ mod tests {
             dropped: 0,
         };
         brain.observe(&batch, 0);
-        assert!(brain
-            .metrics(0)
-            .contains("cohort_observations_unknown_sketch_version_total 1\n"));
+        assert!(page(&brain, 0).contains("cohort_observations_unknown_sketch_version_total 1\n"));
         assert_eq!(brain.status(0).shard_count, 2);
     }
 }

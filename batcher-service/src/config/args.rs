@@ -1,0 +1,50 @@
+//! `cohort serve`'s flags. Each also reads a `COHORT_*` environment variable, and each
+//! overrides the configuration file ([`super::ServeConfig::load`] merges them).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Flags (and their environment variables) that override the file.
+#[derive(Debug, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "COHORT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// gRPC listen address (Assign, Observe, Status).
+    #[arg(long, env = "COHORT_GRPC_LISTEN")]
+    pub grpc_listen: Option<SocketAddr>,
+    /// HTTP listen address (/metrics, /healthz, /readyz).
+    #[arg(long, env = "COHORT_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
+    /// Deployment secret keying engine cache salts (as the filter's `salt_secret`).
+    #[arg(long, env = "COHORT_SALT_SECRET", hide_env_values = true)]
+    pub salt_secret: Option<String>,
+    /// The inspector's browser build (a directory holding `pkg/`).
+    #[arg(long, env = "COHORT_UI_ASSETS")]
+    pub ui_assets: Option<PathBuf>,
+    /// Batch mode's front listen address (OpenAI / Anthropic APIs).
+    #[arg(long, env = "COHORT_FRONT_LISTEN")]
+    pub front_listen: Option<SocketAddr>,
+    /// This batcher's shard index; defaults to the ordinal at the end of the pod's
+    /// hostname (`cohort-batcher-2` → 2) when the hostname has one.
+    #[arg(long, env = "COHORT_SHARD_INDEX")]
+    pub shard_index: Option<u32>,
+    /// Number of batcher shards.
+    #[arg(long, env = "COHORT_SHARD_COUNT")]
+    pub shard_count: Option<u32>,
+    /// Engine replicas (repeat, or comma-separated in the environment): `NAME`, or
+    /// `NAME=URL` for batch mode's front (engine llamacpp), or `NAME=ENGINE+URL`
+    /// (`replica-0=vllm+http://10.0.0.5:8000`). Replaces the file's list.
+    #[arg(long = "replica", env = "COHORT_REPLICAS", value_delimiter = ',')]
+    pub replicas: Vec<String>,
+    /// Balance bound (see the policy).
+    #[arg(long, env = "COHORT_BALANCE")]
+    pub balance: Option<f64>,
+    /// Fingerprint store: `cpu` or `gpu` (gpu falls back to cpu with one warning when the
+    /// binary lacks the `cuda` feature or no GPU is usable).
+    #[arg(long, env = "COHORT_STORE")]
+    pub store: Option<String>,
+    /// Milliseconds to keep serving after SIGTERM while health checks answer 503.
+    #[arg(long, env = "COHORT_DRAIN_DELAY_MS")]
+    pub drain_delay_ms: Option<u64>,
+}

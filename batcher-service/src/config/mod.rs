@@ -1,0 +1,288 @@
+//! `cohort serve` configuration: a TOML file, overridden by flags, overridden by nothing
+//! else (each flag also reads a `COHORT_*` environment variable, clap's usual precedence:
+//! flag, then environment, then the file, then the default).
+//!
+//! ```toml
+//! grpc_listen = "0.0.0.0:50051"   # Assign / Observe / Status (the filter's batcher cluster)
+//! http_listen = "0.0.0.0:9464"    # /metrics, /healthz, /readyz
+//! shard_index = 0                 # this batcher's shard (a StatefulSet ordinal)
+//! shard_count = 1                 # batcher shards the filters are configured with
+//!
+//! [[replicas]]                    # engine replicas, by the name the routes match on
+//! name = "replica-0"              # the x-cohort-shard value
+//! url = "http://10.0.0.5:8000"    # batch mode: where the front sends this replica's work
+//! engine = "llamacpp"             # llamacpp | vllm | sglang | tgi | openai | anthropic
+//! slots = 4                       # llama.cpp slots (-np); read from /props when omitted
+//!
+//! [batch]                         # batch mode's HTTP front (on when replicas have urls)
+//! listen = "0.0.0.0:8000"
+//! window_ms = 150
+//! max_batch = 16
+//!
+//! [prefetch]
+//! horizon_ms = 3200
+//! default_level = "medium"        # when a request has no x-cohort-prefetch
+//!
+//! [[lora]]                        # requests for model `name` (or of these cohorts) need it
+//! name = "sql-lora"
+//! path = "/adapters/sql-lora"
+//! cohorts = ["3f2a9c0d1e4b5a67"]  # x-cohort-key values
+//!
+//! [policy]
+//! balance = 1.2                   # a replica takes work while under 1.2 × the mean load
+//! kv_blocks_per_replica = 16384   # each replica's prefix cache, in filter blocks (256 B)
+//!
+//! [store]
+//! max_entries = 1000000
+//! backend = "cpu"                 # cpu | gpu (falls back to cpu, with one warning, when
+//!                                 # built without the `cuda` feature or no GPU is usable)
+//! ```
+//!
+//! Replicas are static for now. A Kubernetes source would fill the same `Vec<Replica>`
+//! from the Endpoints (EndpointSlices) of a Service and update the policy when they change;
+//! the policy already keys everything by replica index, so only a resize hook is missing.
+//!
+//! This module is a leaf of the binary: `serve`, the batch front and the engine probes
+//! read it, and it reads none of them.
+
+mod args;
+mod sections;
+mod validate;
+
+pub use args::ServeArgs;
+pub use sections::{
+    BatchSection, LoraSection, PolicySection, PrefetchSection, Replica, StoreSection,
+};
+pub use validate::ConfigError;
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The whole configuration after merging.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeConfig {
+    pub grpc_listen: SocketAddr,
+    pub http_listen: SocketAddr,
+    pub shard_index: u32,
+    pub shard_count: u32,
+    pub replicas: Vec<Replica>,
+    pub policy: PolicySection,
+    pub store: StoreSection,
+    pub batch: BatchSection,
+    pub prefetch: PrefetchSection,
+    pub lora: Vec<LoraSection>,
+    /// Deployment secret keying the engine cache salts of batch mode (vLLM `cache_salt`);
+    /// set it (`COHORT_SALT_SECRET`) so salts cannot be guessed from tenant names.
+    pub salt_secret: String,
+    /// The inspector's browser build (a directory holding `pkg/`); default: `../ui` next
+    /// to the binary (`.cohort/ui` for `.cohort/bin/cohort`).
+    pub ui_assets: Option<PathBuf>,
+    /// Seconds to let in-flight calls finish after SIGTERM before exiting.
+    pub drain_s: u64,
+    /// Milliseconds after SIGTERM during which everything keeps serving while health
+    /// checks answer 503 and front answers close their connections, so proxies move away
+    /// before the listeners close.
+    pub drain_delay_ms: u64,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            grpc_listen: ([0, 0, 0, 0], 50051).into(),
+            http_listen: ([0, 0, 0, 0], 9464).into(),
+            shard_index: 0,
+            shard_count: 1,
+            replicas: Vec::new(),
+            policy: PolicySection::default(),
+            store: StoreSection::default(),
+            batch: BatchSection::default(),
+            prefetch: PrefetchSection::default(),
+            lora: Vec::new(),
+            ui_assets: None,
+            salt_secret: String::new(),
+            drain_s: 10,
+            drain_delay_ms: 4000,
+        }
+    }
+}
+
+/// The StatefulSet ordinal at the end of a hostname (`cohort-batcher-2` → 2).
+fn ordinal(hostname: &str) -> Option<u32> {
+    let (_, digits) = hostname.trim().rsplit_once('-')?;
+    digits.parse().ok()
+}
+
+impl ServeConfig {
+    /// Reads the file (if any), applies the flags and checks the result.
+    pub fn load(args: &ServeArgs, hostname: Option<&str>) -> Result<ServeConfig, ConfigError> {
+        let mut config = match &args.config {
+            Some(path) => Self::from_file(path)?,
+            None => ServeConfig::default(),
+        };
+        if let Some(addr) = args.grpc_listen {
+            config.grpc_listen = addr;
+        }
+        if let Some(addr) = args.http_listen {
+            config.http_listen = addr;
+        }
+        if let Some(secret) = &args.salt_secret {
+            config.salt_secret = secret.clone();
+        }
+        if let Some(dir) = &args.ui_assets {
+            config.ui_assets = Some(dir.clone());
+        }
+        if let Some(addr) = args.front_listen {
+            config.batch.listen = addr;
+        }
+        if let Some(count) = args.shard_count {
+            config.shard_count = count;
+        }
+        match (args.shard_index, hostname.and_then(ordinal)) {
+            (Some(index), _) => config.shard_index = index,
+            (None, Some(index)) if config.shard_count > 1 => config.shard_index = index,
+            _ => {}
+        }
+        if !args.replicas.is_empty() {
+            config.replicas = args
+                .replicas
+                .iter()
+                .map(|spec| Replica::from_flag(spec.trim()))
+                .collect();
+        }
+        if let Some(balance) = args.balance {
+            config.policy.balance = balance;
+        }
+        if let Some(store) = &args.store {
+            config.store.backend = store.clone();
+        }
+        if let Some(delay) = args.drain_delay_ms {
+            config.drain_delay_ms = delay;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn from_file(path: &Path) -> Result<ServeConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })
+    }
+
+    /// The inspector's asset directory: as configured, else `../ui` beside the binary
+    /// when it exists.
+    pub fn ui_assets_dir(&self) -> Option<PathBuf> {
+        self.ui_assets.clone().or_else(|| {
+            let exe = std::env::current_exe().ok()?;
+            let dir = exe.parent()?.parent()?.join("ui");
+            dir.is_dir().then_some(dir)
+        })
+    }
+
+    /// Whether batch mode's front runs (every replica has a url).
+    pub fn front_enabled(&self) -> bool {
+        self.replicas.iter().all(|r| r.url.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cohort_gpu_store::StoreKind;
+
+    fn args(replicas: &[&str]) -> ServeArgs {
+        ServeArgs {
+            replicas: replicas.iter().map(|r| r.to_string()).collect(),
+            ..ServeArgs::default()
+        }
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let dir = std::env::temp_dir().join(format!("cohort-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("serve.toml");
+        std::fs::write(
+            &path,
+            "grpc_listen = \"127.0.0.1:7000\"\nshard_count = 2\ndrain_delay_ms = 500\n[[replicas]]\nname = \"a\"\n[policy]\nbalance = 1.5\nkv_blocks_per_replica = 10\n",
+        )
+        .unwrap();
+        let mut a = args(&[]);
+        a.config = Some(path.clone());
+        let config = ServeConfig::load(&a, Some("cohort-batcher-1")).unwrap();
+        assert_eq!(config.grpc_listen.port(), 7000);
+        assert_eq!(config.policy.kv_blocks_per_replica, 10);
+        assert_eq!(config.policy.balance, 1.5);
+        assert_eq!(config.shard_index, 1, "from the StatefulSet ordinal");
+        assert_eq!(config.drain_delay_ms, 500);
+        assert_eq!(ServeConfig::default().drain_delay_ms, 4000);
+        a.replicas = vec!["x".into(), "y".into()];
+        a.grpc_listen = Some("127.0.0.1:7001".parse().unwrap());
+        a.shard_index = Some(0);
+        a.drain_delay_ms = Some(250);
+        let config = ServeConfig::load(&a, Some("cohort-batcher-1")).unwrap();
+        assert_eq!(config.drain_delay_ms, 250);
+        assert_eq!(config.grpc_listen.port(), 7001);
+        assert_eq!(config.replicas.len(), 2);
+        assert_eq!(config.shard_index, 0);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn bad_configurations_say_why() {
+        let err = |a: ServeArgs| ServeConfig::load(&a, None).unwrap_err().to_string();
+        assert!(err(args(&[])).contains("no engine replicas"));
+        assert!(err(args(&["a", "a"])).contains("unique"));
+        assert!(err(args(&["bad name"])).contains("replica name"));
+        let mut a = args(&["a"]);
+        a.shard_index = Some(2);
+        assert!(err(a).contains("shard_index 2"));
+        let mut a = args(&["a"]);
+        a.balance = Some(0.5);
+        assert!(err(a).contains("balance"));
+        let mut a = args(&["a"]);
+        a.config = Some("/nonexistent/cohort.toml".into());
+        assert!(err(a).contains("cannot read"));
+        assert!(err(args(&["a=http://h:1", "b"])).contains("missing: b"));
+        assert!(err(args(&["a=triton+http://h:1"])).contains("unknown engine"));
+        assert!(err(args(&["a=ftp://h"])).contains("not http://host:port"));
+        let mut a = args(&["a"]);
+        a.store = Some("tpu".into());
+        assert!(err(a).contains("unknown store `tpu`"));
+    }
+
+    #[test]
+    fn store_flag_picks_the_backend() {
+        let config = ServeConfig::load(&args(&["a"]), None).unwrap();
+        assert_eq!(config.store_kind().unwrap(), StoreKind::Cpu);
+        let mut a = args(&["a"]);
+        a.store = Some("gpu".into());
+        let config = ServeConfig::load(&a, None).unwrap();
+        assert_eq!(config.store_kind().unwrap(), StoreKind::Gpu);
+    }
+
+    #[test]
+    fn replica_flags_carry_engine_and_url() {
+        let config = ServeConfig::load(
+            &args(&["r0=http://127.0.0.1:8081", "r1=vllm+http://10.0.0.2:8000"]),
+            None,
+        )
+        .unwrap();
+        assert!(config.front_enabled());
+        assert_eq!(config.replicas[0].engine, "llamacpp");
+        assert_eq!(
+            config.replicas[0].url.as_deref(),
+            Some("http://127.0.0.1:8081")
+        );
+        assert_eq!(config.replicas[1].engine, "vllm");
+        assert!(!ServeConfig::load(&args(&["r0"]), None)
+            .unwrap()
+            .front_enabled());
+    }
+}

@@ -1,0 +1,191 @@
+//! The tables of the configuration file, one struct each, with their defaults: the
+//! engine replicas (`[[replicas]]`), batch mode's front (`[batch]`), prefetch
+//! (`[prefetch]`), LoRA adapters (`[[lora]]`), the replica policy (`[policy]`) and the
+//! fingerprint store (`[store]`). What each field means is on the field; the file's
+//! overall shape is in [`super`].
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+
+/// One engine replica as the batcher routes to it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replica {
+    /// The `x-cohort-shard` value routes match on; 1–64 of `[A-Za-z0-9._-]`.
+    pub name: String,
+    /// Base URL of the engine (`http://host:port`), for batch mode's front.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// The engine adapter (see `cohort_batcher_core::engines`).
+    #[serde(default = "default_engine")]
+    pub engine: String,
+    /// Slots (llama.cpp `-np`); `None` = ask the engine.
+    #[serde(default)]
+    pub slots: Option<usize>,
+}
+
+fn default_engine() -> String {
+    "llamacpp".to_owned()
+}
+
+impl Replica {
+    pub fn named(name: &str) -> Replica {
+        Replica {
+            name: name.to_owned(),
+            url: None,
+            engine: default_engine(),
+            slots: None,
+        }
+    }
+}
+
+impl Replica {
+    /// Parses a `--replica` value (see the flag).
+    pub(super) fn from_flag(spec: &str) -> Replica {
+        let Some((name, target)) = spec.split_once('=') else {
+            return Replica::named(spec);
+        };
+        let mut replica = Replica::named(name);
+        match target.split_once('+') {
+            Some((engine, url)) => {
+                replica.engine = engine.to_owned();
+                replica.url = Some(url.to_owned());
+            }
+            None => replica.url = Some(target.to_owned()),
+        }
+        replica
+    }
+}
+
+/// `[batch]`: batch mode's HTTP front.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchSection {
+    /// Where the front listens (OpenAI and Anthropic APIs).
+    pub listen: SocketAddr,
+    /// How long after a leader others may join its batch, ms.
+    pub window_ms: u64,
+    /// The longest a follower is held for its leader's prefix, ms.
+    pub max_hold_ms: u64,
+    /// Members per batch.
+    pub max_batch: usize,
+    /// Members per batch while the replica's KV cache is above `kv_pressure`.
+    pub max_batch_pressured: usize,
+    /// Members per batch on slot-pinned engines (llama.cpp), which run them in sequence.
+    pub max_batch_same_slot: usize,
+    /// KV-cache usage (0–1, from engine metrics) that counts as memory pressure.
+    pub kv_pressure: f64,
+    /// Followers held at once, all cohorts; beyond, requests are sent on directly.
+    pub max_held: usize,
+    /// Largest request body the front reads, bytes.
+    pub max_body_bytes: usize,
+    /// Seconds between engine health and metrics scrapes.
+    pub scrape_interval_s: u64,
+}
+
+impl Default for BatchSection {
+    fn default() -> Self {
+        let core = cohort_batcher_core::batch::BatchConfig::default();
+        BatchSection {
+            listen: ([0, 0, 0, 0], 8000).into(),
+            window_ms: core.window_ms,
+            max_hold_ms: core.max_hold_ms,
+            max_batch: core.max_batch,
+            max_batch_pressured: core.max_batch_pressured,
+            max_batch_same_slot: core.max_batch_same_slot,
+            kv_pressure: 0.9,
+            max_held: 1024,
+            max_body_bytes: cohort_fingerprint::DEFAULT_MAX_BODY_BYTES,
+            scrape_interval_s: 1,
+        }
+    }
+}
+
+/// `[prefetch]`: warm-ups of predicted cohorts.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrefetchSection {
+    /// Predictions further away than this are ignored, ms.
+    pub horizon_ms: u64,
+    /// Half-life of learned transitions, ms.
+    pub half_life_ms: u64,
+    /// Level when a request has no `x-cohort-prefetch`: high, medium, low or none.
+    pub default_level: String,
+}
+
+impl Default for PrefetchSection {
+    fn default() -> Self {
+        let core = cohort_batcher_core::predict::PredictConfig::default();
+        PrefetchSection {
+            horizon_ms: core.horizon_ms,
+            half_life_ms: core.half_life_ms,
+            default_level: "medium".to_owned(),
+        }
+    }
+}
+
+/// `[[lora]]`: an adapter some cohorts need.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSection {
+    /// The adapter's name (requests ask for it as their `model`).
+    pub name: String,
+    /// Where the engine loads it from.
+    pub path: String,
+    /// Cohorts (`x-cohort-key` values) that use it whatever their `model`.
+    #[serde(default)]
+    pub cohorts: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicySection {
+    /// Balance bound: a replica is eligible while under `balance` × the mean load.
+    pub balance: f64,
+    /// Work (tokens) a replica may carry above `balance` × the mean before it stops taking
+    /// its prefixes: without it a quiet fleet (a few requests in the load window) would
+    /// spread every request, since one request alone puts a replica far above the mean.
+    pub balance_slack_tokens: f64,
+    /// Half-life of the assigned-work load estimate, ms (for one batcher; each of `S`
+    /// shards sees 1/S of the decisions, so its half-life is `S` times this).
+    pub load_half_life_ms: u64,
+    /// Each replica's prefix-cache capacity in filter blocks (256 bytes of canonical
+    /// prompt ≈ 64 tokens each). The default, 16,384 blocks, is about 1 M tokens of KV.
+    pub kv_blocks_per_replica: usize,
+}
+
+impl Default for PolicySection {
+    fn default() -> Self {
+        let policy = cohort_batcher_core::policy::PolicyConfig::default();
+        PolicySection {
+            balance: policy.balance,
+            balance_slack_tokens: 4096.0,
+            load_half_life_ms: policy.load_half_life_ms,
+            kv_blocks_per_replica: 16_384,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSection {
+    /// Fingerprints kept (least recently used evicted beyond).
+    pub max_entries: usize,
+    /// Independent locks the store is split into.
+    pub shards: usize,
+    /// Cohorts idle this long expire.
+    pub cohort_idle_s: u32,
+    /// Where the fingerprints live: `cpu` or `gpu` (see docs/GPU-STORE.md).
+    pub backend: String,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection {
+            max_entries: 1_000_000,
+            shards: 16,
+            cohort_idle_s: 900,
+            backend: "cpu".to_owned(),
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Checking a merged configuration: every refusal is a typed [`ConfigError`] that says
+//! what is wrong and where, so `cohort serve` stops at start instead of serving with a
+//! setting it would silently misread.
+
+use super::ServeConfig;
+use cohort_batcher_core::predict::PrefetchLevel;
+use cohort_gpu_store::StoreKind;
+use cohort_proto::is_plain_name;
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Why the configuration was refused.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid cohort serve configuration: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("no engine replicas configured (a [[replicas]] table or --replica)")]
+    NoReplicas,
+    #[error("replica name {0:?} must be 1-64 of [A-Za-z0-9._-] and unique")]
+    ReplicaName(String),
+    #[error("shard_index {index} is not below shard_count {count}")]
+    Shard { index: u32, count: u32 },
+    #[error("policy.balance must be at least 1.0, got {0}")]
+    Balance(f64),
+    #[error("policy.balance_slack_tokens must be a finite number ≥ 0, got {0}")]
+    Slack(f64),
+    #[error("replica {name}: {problem}")]
+    ReplicaTarget { name: String, problem: String },
+    #[error("batch mode needs a url for every replica or for none (missing: {0})")]
+    MixedUrls(String),
+    #[error("batch: {0}")]
+    Batch(String),
+    #[error("prefetch.default_level must be high, medium, low or none, got {0:?}")]
+    PrefetchLevel(String),
+    #[error("lora {0:?}: name must be 1-64 of [A-Za-z0-9._-] and path non-empty")]
+    Lora(String),
+    #[error("store.backend: {0}")]
+    StoreBackend(String),
+}
+
+impl ServeConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.replicas.is_empty() {
+            return Err(ConfigError::NoReplicas);
+        }
+        for (i, replica) in self.replicas.iter().enumerate() {
+            let duplicate = self.replicas[..i].iter().any(|r| r.name == replica.name);
+            if !is_plain_name(&replica.name) || duplicate {
+                return Err(ConfigError::ReplicaName(replica.name.clone()));
+            }
+        }
+        if self.shard_count == 0 || self.shard_index >= self.shard_count {
+            return Err(ConfigError::Shard {
+                index: self.shard_index,
+                count: self.shard_count,
+            });
+        }
+        if self.policy.balance.is_nan() || self.policy.balance < 1.0 {
+            return Err(ConfigError::Balance(self.policy.balance));
+        }
+        let slack = self.policy.balance_slack_tokens;
+        if !slack.is_finite() || slack < 0.0 {
+            return Err(ConfigError::Slack(slack));
+        }
+        self.store_kind()?;
+        self.validate_front()
+    }
+
+    /// The fingerprint store asked for.
+    pub fn store_kind(&self) -> Result<StoreKind, ConfigError> {
+        self.store
+            .backend
+            .parse()
+            .map_err(ConfigError::StoreBackend)
+    }
+
+    fn validate_front(&self) -> Result<(), ConfigError> {
+        let with_url = self.replicas.iter().filter(|r| r.url.is_some()).count();
+        if with_url != 0 && with_url != self.replicas.len() {
+            let missing: Vec<_> = self
+                .replicas
+                .iter()
+                .filter(|r| r.url.is_none())
+                .map(|r| r.name.as_str())
+                .collect();
+            return Err(ConfigError::MixedUrls(missing.join(", ")));
+        }
+        for replica in &self.replicas {
+            let problem = |problem: String| ConfigError::ReplicaTarget {
+                name: replica.name.clone(),
+                problem,
+            };
+            cohort_batcher_core::engines::EngineKind::parse(&replica.engine)
+                .map_err(|e| problem(e.to_string()))?;
+            if let Some(url) = &replica.url {
+                url.parse::<axum::http::Uri>()
+                    .ok()
+                    .filter(|u| u.scheme_str() == Some("http") && u.authority().is_some())
+                    .ok_or_else(|| problem(format!("url {url:?} is not http://host:port")))?;
+            }
+            if replica.slots == Some(0) {
+                return Err(problem("slots must be at least 1".to_owned()));
+            }
+        }
+        let b = &self.batch;
+        if b.max_batch == 0 || b.max_batch_pressured == 0 || b.max_batch_pressured > b.max_batch {
+            return Err(ConfigError::Batch(format!(
+                "need 1 ≤ max_batch_pressured ({}) ≤ max_batch ({})",
+                b.max_batch_pressured, b.max_batch
+            )));
+        }
+        if b.max_batch_same_slot == 0 {
+            return Err(ConfigError::Batch(
+                "max_batch_same_slot must be at least 1".to_owned(),
+            ));
+        }
+        if !(0.0..=1.0).contains(&b.kv_pressure) {
+            return Err(ConfigError::Batch(format!(
+                "kv_pressure must be within 0–1, got {}",
+                b.kv_pressure
+            )));
+        }
+        if b.max_hold_ms < b.window_ms || b.scrape_interval_s == 0 {
+            return Err(ConfigError::Batch(
+                "need max_hold_ms ≥ window_ms and scrape_interval_s ≥ 1".to_owned(),
+            ));
+        }
+        if PrefetchLevel::parse(&self.prefetch.default_level).is_none() {
+            return Err(ConfigError::PrefetchLevel(
+                self.prefetch.default_level.clone(),
+            ));
+        }
+        for lora in &self.lora {
+            if !is_plain_name(&lora.name) || lora.path.is_empty() {
+                return Err(ConfigError::Lora(lora.name.clone()));
+            }
+        }
+        Ok(())
+    }
+}

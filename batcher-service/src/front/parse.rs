@@ -1,0 +1,84 @@
+//! What the front reads of a request before admitting it: its cohort (the filter's
+//! `x-cohort-key`, or the front's own fingerprint of the body when a client calls the
+//! front directly), the replica hint (`x-cohort-shard`, else the cohort's jump hash), the
+//! tenant and session that the predictor learns under, the prefetch level and the
+//! engine cache salt.
+
+use super::Front;
+use axum::http::HeaderMap;
+use cohort_batcher_core::engines::{cache_salt, FrontApi};
+use cohort_batcher_core::predict::PrefetchLevel;
+use cohort_fingerprint::shard::jump_hash;
+use serde_json::{Map, Value};
+use std::time::Instant;
+
+/// What the front knows about one request after parsing.
+pub(super) struct Parsed {
+    pub api: FrontApi,
+    pub body: Map<String, Value>,
+    pub cohort: u64,
+    pub hint: usize,
+    /// The engine cache salt ([`cache_salt`]).
+    pub salt: Option<String>,
+    pub tenant_hash: u64,
+    pub context: u64,
+    pub level: PrefetchLevel,
+    pub received: Instant,
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+pub(super) fn hash(text: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+}
+
+impl Front {
+    pub(super) fn parse(&self, api: FrontApi, headers: &HeaderMap, body: &[u8]) -> Option<Parsed> {
+        let map: Map<String, Value> = serde_json::from_slice(body).ok()?;
+        let tenant = header(headers, "x-cohort-tenant").map(str::to_owned);
+        let cohort =
+            match header(headers, "x-cohort-key").and_then(|k| u64::from_str_radix(k, 16).ok()) {
+                Some(key) => key,
+                None => {
+                    let request = cohort_fingerprint::Request {
+                        path: Some(api.path()),
+                        salt: cohort_fingerprint::TenantSalt::new(b"", tenant.as_deref()),
+                        ..cohort_fingerprint::Request::new(body)
+                    };
+                    cohort_fingerprint::fingerprint(&request)
+                        .ok()?
+                        .routing_key
+                        .0
+                }
+            };
+        let hint = header(headers, "x-cohort-shard")
+            .and_then(|name| self.engines.position(name))
+            .unwrap_or_else(|| jump_hash(cohort, self.engines.len() as u32) as usize);
+        let tenant_hash = hash(tenant.as_deref().unwrap_or(""));
+        let context = header(headers, "x-cohort-session")
+            .map(|s| hash(s) ^ tenant_hash.rotate_left(1))
+            .unwrap_or(tenant_hash);
+        let level = header(headers, "x-cohort-prefetch")
+            .and_then(PrefetchLevel::parse)
+            .unwrap_or(self.default_level);
+        let client_salt = map.get("cache_salt").and_then(Value::as_str);
+        let salt = cache_salt(&self.secret, tenant.as_deref(), client_salt);
+        Some(Parsed {
+            api,
+            body: map,
+            cohort,
+            hint,
+            salt,
+            tenant_hash,
+            context,
+            level,
+            received: Instant::now(),
+        })
+    }
+}

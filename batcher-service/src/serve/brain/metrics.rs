@@ -1,0 +1,124 @@
+//! The batcher's part of `/metrics`: Assign and Observe counts and decision times, the
+//! fingerprint store, the online cohorts and the policy's per-replica view. Read at
+//! scrape time from the atomics and snapshots that own them.
+
+use super::{lock, Brain};
+use crate::metrics::Scrape;
+use std::sync::atomic::Ordering;
+
+impl Brain {
+    /// The batcher's part of `/metrics` (names documented in docs/METRICS.md).
+    pub fn write_metrics(&self, scrape: &mut Scrape<'_>, now_ms: u64) {
+        let c = &self.counters;
+        let snapshot = lock(&self.policy).snapshot(now_ms);
+        let store = self.store.stats();
+        let cohorts = lock(&self.cohorts).counters();
+        let per_replica = |f: &dyn Fn(usize) -> f64| -> Vec<(String, f64)> {
+            self.replicas
+                .iter()
+                .enumerate()
+                .map(|(i, name)| (name.clone(), f(i)))
+                .collect()
+        };
+        scrape.counter(
+            "cohort_assign_total",
+            "Assign calls answered.",
+            c.assigns.load(Ordering::Relaxed),
+        );
+        scrape.labelled_counter(
+            "cohort_assign_reason_total",
+            "Assign decisions by why the replica was chosen.",
+            "reason",
+            &["prefix", "cohort", "load_spill", "least_loaded"]
+                .iter()
+                .zip(snapshot.reasons)
+                .map(|(r, n)| (r.to_string(), n as f64))
+                .collect::<Vec<_>>(),
+        );
+        scrape.histogram(
+            "cohort_assign_decision_seconds",
+            "Time to decide one Assign inside the batcher.",
+            &self.assign_seconds,
+        );
+        scrape.counter(
+            "cohort_observations_total",
+            "Observations received from filters.",
+            c.observations.load(Ordering::Relaxed),
+        );
+        scrape.counter(
+            "cohort_observations_without_sketch_total",
+            "Observations with no intent text (no sketch): routed on prefix only.",
+            c.observations_without_sketch.load(Ordering::Relaxed),
+        );
+        scrape.counter(
+            "cohort_observations_unknown_sketch_version_total",
+            "Observations whose sketch version this batcher does not know.",
+            c.unknown_sketch_version.load(Ordering::Relaxed),
+        );
+        scrape.counter(
+            "cohort_observations_dropped_by_filters_total",
+            "Observations filters reported dropping (queue full while the batcher was away).",
+            c.dropped_reported.load(Ordering::Relaxed),
+        );
+        scrape.count_gauge(
+            "cohort_store_entries",
+            "Fingerprints in the store.",
+            store.entries,
+        );
+        scrape.count_gauge(
+            "cohort_store_bytes",
+            "Memory held by the fingerprint store.",
+            store.bytes,
+        );
+        scrape.counter(
+            "cohort_store_evictions_total",
+            "Fingerprints evicted for capacity (least recently used).",
+            store.evictions,
+        );
+        scrape.counter(
+            "cohort_store_expirations_total",
+            "Fingerprints expired by their cache-ttl.",
+            store.expirations,
+        );
+        scrape.count_gauge("cohort_cohorts", "Live cohorts.", cohorts.live);
+        scrape.counter(
+            "cohort_cohorts_created_total",
+            "Cohorts started.",
+            cohorts.created,
+        );
+        scrape.counter(
+            "cohort_cohorts_expired_total",
+            "Cohorts expired after idling.",
+            cohorts.expired,
+        );
+        scrape.counter(
+            "cohort_semantic_conflicts_total",
+            "Observations whose runner-up cohort was within the conflict margin of the best.",
+            cohorts.conflicts,
+        );
+        scrape.labelled_gauge(
+            "cohort_replica_load",
+            "Estimated load per engine replica (decayed assigned work).",
+            "replica",
+            &per_replica(&|i| snapshot.replicas[i].load),
+        );
+        scrape.labelled_gauge(
+            "cohort_replica_prefix_blocks",
+            "Prefix blocks the batcher believes each replica holds.",
+            "replica",
+            &per_replica(&|i| snapshot.replicas[i].blocks_held as f64),
+        );
+        scrape.labelled_counter(
+            "cohort_replica_prefix_evictions_total",
+            "Blocks evicted from each replica's approximate prefix state (cache eviction rate).",
+            "replica",
+            &per_replica(&|i| snapshot.replicas[i].evictions as f64),
+        );
+        scrape.labelled_counter(
+            "cohort_replica_assigned_total",
+            "Requests assigned to each replica.",
+            "replica",
+            &per_replica(&|i| snapshot.replicas[i].assigned as f64),
+        );
+    }
+}
