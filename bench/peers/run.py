@@ -222,6 +222,7 @@ def run_one(args, engine, workload, requests, count, contender, workdir, calibra
             progress.close()
         time.sleep(0.5)  # the engines' last counters
         after = [engine_counters(engine, p) for p in ports]
+        router_stats = router_pages(router)
     finally:
         if router:
             router.stop()
@@ -236,7 +237,17 @@ def run_one(args, engine, workload, requests, count, contender, workdir, calibra
     print(f"{label}: {len(records) - failed}/{len(records)} ok in {wall:.1f} s", file=sys.stderr)
     return {"contender": contender, "replicas": count, "workload": workload, "arrival": config["arrival"],
             "engine": engine, "calibration": calibration, "pooled_bound": bound, "duration_s": wall,
-            "settings": config, "seed": args.seed, "records": records, "engine_metrics": metrics}
+            "settings": config, "seed": args.seed, "records": records, "engine_metrics": metrics,
+            "router_stats": router_stats}
+
+
+def router_pages(router):
+    """What the contender says of itself at the end of a run: Envoy's cohort filter stats
+    (`/stats?filter=cohort`, with the Assign round trip `cohort_assign_us`) and the router's
+    or batcher's Prometheus page, as text ('' where the contender has none)."""
+    envoy = stack.metrics(router.admin, "/stats?filter=cohort") if router.admin else ""
+    page = stack.metrics(router.metrics_port) if router.metrics_port else ""
+    return {"envoy": envoy, "metrics": page}
 
 
 def pooled_bound(requests, count, kv_blocks, workdir, label):

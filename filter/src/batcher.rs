@@ -115,6 +115,31 @@ pub fn observation(
         observed_unix_ms: now_ms,
         shard: shard.unwrap_or_default().to_owned(),
         mode: mode.as_str().to_owned(),
+        progress: None,
+    }
+}
+
+/// An assigned request's progress (first byte or end), reported under the batcher's
+/// `ticket` so it can count exactly what each replica has in flight.
+pub fn progress_observation(
+    ticket: u64,
+    phase: pb::request_progress::Phase,
+    status: u32,
+    elapsed_ms: u32,
+    shard: &str,
+    now_ms: u64,
+) -> pb::Observation {
+    pb::Observation {
+        request: None,
+        observed_unix_ms: now_ms,
+        shard: shard.to_owned(),
+        mode: Mode::Assign.as_str().to_owned(),
+        progress: Some(pb::RequestProgress {
+            ticket,
+            phase: phase as i32,
+            status,
+            elapsed_ms,
+        }),
     }
 }
 
@@ -136,6 +161,8 @@ pub struct Assignment {
     /// Empty when the batcher put the request in no cohort (then the filter's stays).
     pub cluster: String,
     pub reason: String,
+    /// The decision's id for progress reports (0: the batcher wants none).
+    pub ticket: u64,
 }
 
 /// Decodes and checks an `AssignReply`.
@@ -157,6 +184,7 @@ pub fn read_assign_reply(bytes: &[u8]) -> Result<Assignment, ReplyError> {
         shard: reply.shard,
         cluster: reply.cluster,
         reason,
+        ticket: reply.ticket,
     })
 }
 
@@ -396,10 +424,12 @@ mod tests {
                 cluster: cluster.into(),
                 matched_blocks: 3,
                 reason: "prefix".into(),
+                ticket: 77,
             }
             .encode_to_vec()
         };
         let ok = read_assign_reply(&encode("replica-1", "0000002a")).unwrap();
+        assert_eq!(ok.ticket, 77, "the ticket comes back for progress reports");
         assert_eq!(ok.shard, "replica-1");
         assert_eq!(ok.cluster, "0000002a");
         assert_eq!(ok.reason, "prefix");
@@ -419,6 +449,16 @@ mod tests {
             read_assign_reply(&[0xff, 0xff, 0xff]),
             Err(ReplyError::Undecodable)
         );
+    }
+
+    #[test]
+    fn progress_reports_name_the_ticket_and_the_replica() {
+        let o = progress_observation(9, pb::request_progress::Phase::End, 503, 120, "r2", 5);
+        assert!(o.request.is_none());
+        assert_eq!(o.shard, "r2");
+        let p = o.progress.unwrap();
+        assert_eq!((p.ticket, p.status, p.elapsed_ms), (9, 503, 120));
+        assert_eq!(p.phase(), pb::request_progress::Phase::End);
     }
 
     fn obs(n: u64) -> pb::Observation {

@@ -56,11 +56,23 @@ enum State {
     Bypassed(&'static str),
 }
 
+/// An assigned request whose progress the batcher asked for (its reply had a ticket).
+struct Progress {
+    ticket: u64,
+    shard: String,
+    shard_index: usize,
+    /// When the Assign reply came.
+    since: SystemTime,
+    first_byte_reported: bool,
+}
+
 pub struct CohortHttp {
     shared: Rc<Shared>,
     state: State,
     /// Bytes of request body buffered so far.
     buffered: usize,
+    /// Assign mode: what to report as the response goes by.
+    progress: Option<Progress>,
 }
 
 impl CohortHttp {
@@ -69,6 +81,36 @@ impl CohortHttp {
             shared,
             state: State::Untouched,
             buffered: 0,
+            progress: None,
+        }
+    }
+
+    /// Queues a progress report of an assigned request for its batcher shard.
+    fn report_progress(&self, phase: pb::request_progress::Phase, status: u32) {
+        let Some(progress) = &self.progress else {
+            return;
+        };
+        let now = self.get_current_time();
+        let elapsed_ms = now
+            .duration_since(progress.since)
+            .map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX));
+        let observation = batcher::progress_observation(
+            progress.ticket,
+            phase,
+            status,
+            elapsed_ms,
+            &progress.shard,
+            unix_ms(now),
+        );
+        let queued = self
+            .shared
+            .outbox
+            .borrow_mut()
+            .push(progress.shard_index, observation);
+        if !queued {
+            if let Some(stats) = &self.shared.stats {
+                stats.inc(stats.observe_dropped);
+            }
         }
     }
 
@@ -293,6 +335,15 @@ impl Context for CohortHttp {
                     cluster = assignment.cluster.clone();
                     headers.push((config.headers.cluster.clone(), assignment.cluster));
                 }
+                if config.mode == Mode::Assign && config.observe && assignment.ticket != 0 {
+                    self.progress = Some(Progress {
+                        ticket: assignment.ticket,
+                        shard: assignment.shard.clone(),
+                        shard_index,
+                        since: self.get_current_time(),
+                        first_byte_reported: false,
+                    });
+                }
                 self.write_headers(&headers);
                 if let Some(stats) = stats {
                     stats.inc(stats.assign_ok);
@@ -430,5 +481,33 @@ impl HttpContext for CohortHttp {
         let name = config.headers.response.clone();
         self.add_http_response_header(&name, &value);
         Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if body_size > 0 || end_of_stream {
+            let first = self
+                .progress
+                .as_ref()
+                .is_some_and(|p| !p.first_byte_reported);
+            if first {
+                self.report_progress(pb::request_progress::Phase::FirstByte, 0);
+                if let Some(progress) = &mut self.progress {
+                    progress.first_byte_reported = true;
+                }
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        if self.progress.is_none() {
+            return;
+        }
+        let status = self
+            .get_property(vec!["response", "code"])
+            .and_then(|bytes| <[u8; 8]>::try_from(bytes.as_slice()).ok())
+            .map_or(0, |b| u32::try_from(u64::from_le_bytes(b)).unwrap_or(0));
+        self.report_progress(pb::request_progress::Phase::End, status);
+        self.progress = None;
     }
 }

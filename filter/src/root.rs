@@ -89,13 +89,19 @@ impl CohortRoot {
             Flush::Send { token, batches } => {
                 for batch in batches {
                     let count = batch.observations.len() as u64;
+                    let progress = batch
+                        .observations
+                        .iter()
+                        .filter(|o| o.progress.is_some())
+                        .count() as u64;
                     let bytes = prost::Message::encode_to_vec(&batch);
                     let sent = hostcalls::send_grpc_stream_message(token, Some(&bytes), false);
                     let stats = self.shared.stats.as_ref();
                     match sent {
                         Ok(()) => {
                             if let Some(stats) = stats {
-                                stats.add(stats.observe_sent, count);
+                                stats.add(stats.observe_sent, count - progress);
+                                stats.add(stats.progress_sent, progress);
                             }
                         }
                         Err(_) => {

@@ -20,6 +20,7 @@
 //! | `cohort_assign_error_total` | counter | Assign calls that failed otherwise, or an unusable reply (routed by key) |
 //! | `cohort_assign_us` | histogram | Assign round trip, µs |
 //! | `cohort_observe_sent_total` | counter | observations sent on an `Observe` stream |
+//! | `cohort_progress_sent_total` | counter | progress reports of assigned requests (first byte, end) sent on it |
 //! | `cohort_observe_dropped_total` | counter | observations dropped (queue full while the batcher was away, or a failed send) |
 
 use cohort_fingerprint::knobs::{InvalidKnob, KnobName};
@@ -44,6 +45,7 @@ pub struct Stats {
     pub assign_error: u32,
     pub assign_us: u32,
     pub observe_sent: u32,
+    pub progress_sent: u32,
     pub observe_dropped: u32,
 }
 
@@ -85,6 +87,7 @@ impl Stats {
             assign_error: counter("cohort_assign_error_total")?,
             assign_us: histogram("cohort_assign_us")?,
             observe_sent: counter("cohort_observe_sent_total")?,
+            progress_sent: counter("cohort_progress_sent_total")?,
             observe_dropped: counter("cohort_observe_dropped_total")?,
         })
     }

@@ -2,7 +2,9 @@
 //! test can check what reached the upstream byte for byte and which upstream it was.
 //! Each answers 200 with `{"upstream": NAME, "bytes": BODY_LEN}` and `x-upstream: NAME`.
 //! For long load runs, [`Upstream::counting`] keeps only each request's numeric id (one
-//! header) instead of the whole request, so memory stays small over minutes.
+//! header) instead of the whole request, so memory stays small over minutes. A test can
+//! make a replica slow ([`Upstream::set_delay`]: the answer waits) or failing
+//! ([`Upstream::set_status`]: the answer carries that status) while it runs.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -11,7 +13,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One request as the upstream received it.
@@ -42,11 +44,20 @@ enum Log {
     },
 }
 
+/// How the upstream answers, changeable while it runs.
+#[derive(Default)]
+struct Behaviour {
+    delay_ms: AtomicU64,
+    /// 0: 200.
+    status: AtomicU16,
+}
+
 /// A recording upstream on a free loopback port; stops when dropped.
 pub struct Upstream {
     pub name: String,
     pub port: u16,
     received: Arc<Log>,
+    behaviour: Arc<Behaviour>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -74,8 +85,10 @@ impl Upstream {
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         let received = Arc::new(log);
+        let behaviour = Arc::new(Behaviour::default());
         let (shutdown, mut stop) = tokio::sync::oneshot::channel::<()>();
         let (log, upstream_name) = (Arc::clone(&received), name.to_owned());
+        let how = Arc::clone(&behaviour);
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -90,8 +103,11 @@ impl Upstream {
                             let Ok((stream, _)) = accepted else { continue };
                             let _ = stream.set_nodelay(true);
                             let (log, name) = (Arc::clone(&log), upstream_name.clone());
+                            let how = Arc::clone(&how);
                             tokio::spawn(async move {
-                                let service = service_fn(move |request| record(request, Arc::clone(&log), name.clone()));
+                                let service = service_fn(move |request| {
+                                    answer_after(request, Arc::clone(&log), name.clone(), Arc::clone(&how))
+                                });
                                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                                     .serve_connection(TokioIo::new(stream), service)
                                     .await;
@@ -105,9 +121,22 @@ impl Upstream {
             name: name.to_owned(),
             port,
             received,
+            behaviour,
             shutdown: Some(shutdown),
             thread: Some(thread),
         }
+    }
+
+    /// Answers wait this long from now on (a slow replica).
+    pub fn set_delay(&self, delay: std::time::Duration) {
+        self.behaviour
+            .delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Answers carry this status from now on (200 again with `200`).
+    pub fn set_status(&self, status: u16) {
+        self.behaviour.status.store(status, Ordering::SeqCst);
     }
 
     /// Everything received so far (empty for a [`Upstream::counting`] one).
@@ -146,6 +175,25 @@ impl Drop for Upstream {
             let _ = thread.join();
         }
     }
+}
+
+/// Records the request, then answers as the behaviour says.
+async fn answer_after(
+    request: Request<Incoming>,
+    log: Arc<Log>,
+    name: String,
+    how: Arc<Behaviour>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let delay = how.delay_ms.load(Ordering::SeqCst);
+    let status = how.status.load(Ordering::SeqCst);
+    let mut response = record(request, log, name).await?;
+    if delay > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+    }
+    if status != 0 {
+        *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or_default();
+    }
+    Ok(response)
 }
 
 async fn record(

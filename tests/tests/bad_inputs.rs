@@ -845,8 +845,10 @@ fn check(
         .map(|(name, value)| (name.clone(), value - before.get(name).copied().unwrap_or(0)))
         .filter(|(_, delta)| *delta != 0)
         .collect();
-    // Observations are sent on a timer: not this request's to count.
-    moved.retain(|name, _| !name.starts_with("cohort_observe_"));
+    // Observations and progress reports are sent on a timer: not this request's to count.
+    moved.retain(|name, _| {
+        !name.starts_with("cohort_observe_") && !name.starts_with("cohort_progress_")
+    });
     // Assign mode: one Assign outcome (answered, timed out or failed) per fingerprinted request.
     let assigned: i64 = ["ok", "timeout", "error"]
         .iter()

@@ -1587,3 +1587,39 @@ fn every_routed_subset_exists_in_a_destination_rule() {
         assert!(routed > 0, "{origin}: no subset routes");
     }
 }
+
+#[test]
+fn bounded_load_hashing_is_the_same_in_istio_and_the_standalone_config() {
+    // Istio's DestinationRule has no field for hash_balance_factor: the EnvoyFilter merges
+    // it into the engines' cluster. It must name the DestinationRule's Service (in the
+    // kustomization's namespace) and carry what istio/envoy/affinity.yaml runs in Envoy
+    // (every affinity test starts that config, so Envoy accepts the field).
+    let base = build(&workspace().join("istio/base"));
+    let envoy_filter = find(&base, "EnvoyFilter", "cohort");
+    let patches = envoy_filter["spec"]["configPatches"].as_array().unwrap();
+    let cluster = patches
+        .iter()
+        .find(|p| p["applyTo"] == "CLUSTER")
+        .expect("a CLUSTER patch");
+    let rule = find(&base, "DestinationRule", "llm-engine");
+    let namespace = rule["metadata"]["namespace"].as_str().unwrap();
+    let host = rule["spec"]["host"].as_str().unwrap();
+    assert_eq!(
+        cluster["match"]["cluster"]["service"],
+        format!("{host}.{namespace}.svc.cluster.local")
+    );
+    assert_eq!(cluster["patch"]["operation"], "MERGE");
+    let config = cohort_config::load("affinity");
+    let engines = config["static_resources"]["clusters"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "engines")
+        .unwrap();
+    let standalone: Value = serde_yaml::from_value(engines["common_lb_config"].clone()).unwrap();
+    assert_eq!(cluster["patch"]["value"]["common_lb_config"], standalone);
+    assert_eq!(
+        standalone["consistent_hashing_lb_config"]["hash_balance_factor"],
+        125
+    );
+}

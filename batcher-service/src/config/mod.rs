@@ -30,6 +30,7 @@
 //!
 //! [policy]
 //! balance = 1.2                   # a replica takes work while under 1.2 × the mean load
+//! live_slack = 0.0                # (live load) extra wait on a prefix holder, in cold prefills
 //! kv_blocks_per_replica = 16384   # each replica's prefix cache, in filter blocks (256 B)
 //!
 //! [store]
@@ -252,6 +253,14 @@ mod tests {
         assert!(err(args(&["a=http://h:1", "b"])).contains("missing: b"));
         assert!(err(args(&["a=triton+http://h:1"])).contains("unknown engine"));
         assert!(err(args(&["a=ftp://h"])).contains("not http://host:port"));
+        let dir = std::env::temp_dir().join(format!("cohort-config-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("serve.toml");
+        std::fs::write(&path, "[policy]\nlive_slack = -1.0\n").unwrap();
+        let mut a = args(&["a"]);
+        a.config = Some(path);
+        assert!(err(a).contains("policy.live_slack"));
+        std::fs::remove_dir_all(dir).unwrap();
         let mut a = args(&["a"]);
         a.store = Some("tpu".into());
         assert!(err(a).contains("unknown store `tpu`"));

@@ -149,6 +149,11 @@ pub struct PolicySection {
     /// Half-life of the assigned-work load estimate, ms (for one batcher; each of `S`
     /// shards sees 1/S of the decisions, so its half-life is `S` times this).
     pub load_half_life_ms: u64,
+    /// Live load (assign mode with progress reports): how many of its own cold prefills
+    /// longer than on the cheapest replica a request may wait on the replica holding more
+    /// of its prefix. 0 (default): the expected time to first token within `balance`
+    /// decides; higher keeps prefixes in fewer caches at the cost of waiting.
+    pub live_slack: f64,
     /// Each replica's prefix-cache capacity in filter blocks (256 bytes of canonical
     /// prompt ≈ 64 tokens each). The default, 16,384 blocks, is about 1 M tokens of KV.
     pub kv_blocks_per_replica: usize,
@@ -161,6 +166,7 @@ impl Default for PolicySection {
             balance: policy.balance,
             balance_slack_tokens: 4096.0,
             load_half_life_ms: policy.load_half_life_ms,
+            live_slack: policy.live_slack,
             kv_blocks_per_replica: 16_384,
         }
     }

@@ -32,6 +32,8 @@ pub enum ConfigError {
     Balance(f64),
     #[error("policy.balance_slack_tokens must be a finite number ≥ 0, got {0}")]
     Slack(f64),
+    #[error("policy.live_slack must be a finite number ≥ 0, got {0}")]
+    LiveSlack(f64),
     #[error("replica {name}: {problem}")]
     ReplicaTarget { name: String, problem: String },
     #[error("batch mode needs a url for every replica or for none (missing: {0})")]
@@ -69,6 +71,10 @@ impl ServeConfig {
         let slack = self.policy.balance_slack_tokens;
         if !slack.is_finite() || slack < 0.0 {
             return Err(ConfigError::Slack(slack));
+        }
+        let live_slack = self.policy.live_slack;
+        if !live_slack.is_finite() || live_slack < 0.0 {
+            return Err(ConfigError::LiveSlack(live_slack));
         }
         self.store_kind()?;
         self.validate_front()

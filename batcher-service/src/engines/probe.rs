@@ -12,7 +12,7 @@
 
 use super::Fleet;
 use axum::http::Method;
-use cohort_batcher_core::engines::EngineKind;
+use cohort_batcher_core::engines::{EngineKind, EngineMetrics};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -20,31 +20,36 @@ use tracing::{info, warn};
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// What a probe tells its listener.
+/// What a probe tells its listeners (the batch front, and the brain's replica choice).
 pub trait EngineEvents: Send + Sync {
     /// The replica stopped answering its health probe.
-    fn engine_down(&self, replica: usize);
+    fn engine_down(&self, _replica: usize) {}
+    /// The replica answers its health probe again (or for the first time).
+    fn engine_up(&self, _replica: usize) {}
     /// The replica reported how many slots it runs (llama.cpp `/props`).
-    fn engine_slots(&self, replica: usize, slots: usize);
+    fn engine_slots(&self, _replica: usize, _slots: usize) {}
+    /// The replica published its metrics (queue, KV usage, token counters).
+    fn engine_metrics(&self, _replica: usize, _metrics: &EngineMetrics) {}
 }
 
 /// Spawns the scrape tasks; they end when `stop` turns true.
 pub fn spawn(
     fleet: Arc<Fleet>,
-    events: Arc<dyn EngineEvents>,
+    listeners: Vec<Arc<dyn EngineEvents>>,
     stop: watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    let listeners: Arc<[Arc<dyn EngineEvents>]> = listeners.into();
     (0..fleet.len())
         .map(|index| {
             let fleet = Arc::clone(&fleet);
-            let events = Arc::clone(&events);
+            let events = Arc::clone(&listeners);
             let mut stop = stop.clone();
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(fleet.scrape_interval);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {
-                        _ = tick.tick() => probe(&fleet, events.as_ref(), index).await,
+                        _ = tick.tick() => probe(&fleet, &events, index).await,
                         _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
                     }
                 }
@@ -53,7 +58,7 @@ pub fn spawn(
         .collect()
 }
 
-async fn probe(fleet: &Fleet, events: &dyn EngineEvents, index: usize) {
+async fn probe(fleet: &Fleet, listeners: &[Arc<dyn EngineEvents>], index: usize) {
     let replica = &fleet[index];
     let engine = replica.engine;
     let upstream = fleet.upstream();
@@ -73,6 +78,13 @@ async fn probe(fleet: &Fleet, events: &dyn EngineEvents, index: usize) {
             info!(replica = %replica.name, "engine replica is up");
         } else {
             warn!(replica = %replica.name, error = ?health.err(), "engine replica is down");
+        }
+    }
+    for events in listeners {
+        // Every probe, not only changes: a listener that joined late still learns.
+        if up {
+            events.engine_up(index);
+        } else if up != was_up {
             events.engine_down(index);
         }
     }
@@ -88,7 +100,9 @@ async fn probe(fleet: &Fleet, events: &dyn EngineEvents, index: usize) {
                 .ok()
                 .and_then(|v| v.get("total_slots")?.as_u64());
             if let Some(slots) = slots.filter(|&n| n > 0) {
-                events.engine_slots(index, slots as usize);
+                for events in listeners {
+                    events.engine_slots(index, slots as usize);
+                }
                 replica.mark_slots_known();
                 info!(replica = %replica.name, slots, "slot count from /props");
             }
@@ -100,7 +114,11 @@ async fn probe(fleet: &Fleet, events: &dyn EngineEvents, index: usize) {
             .await
         {
             let text = String::from_utf8_lossy(&body);
-            replica.set_metrics(engine.parse_metrics(&text));
+            let metrics = engine.parse_metrics(&text);
+            replica.set_metrics(metrics);
+            for events in listeners {
+                events.engine_metrics(index, &metrics);
+            }
         }
     }
 }

@@ -33,8 +33,8 @@ use tracing::info;
 
 /// Runs until SIGTERM or Ctrl-C.
 pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
-    let brain = Arc::new(Brain::new(&config));
     let clock = Clock::start();
+    let brain = Arc::new(Brain::new(&config, clock));
     let ready = Arc::new(AtomicBool::new(false));
     let draining = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -85,9 +85,11 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     let front = front.map(|(front, fleet, listener)| {
         metrics.add(Arc::clone(&front) as _);
         metrics.add(Arc::clone(&fleet) as _);
+        // The probes tell the front (slots, adapters) and the brain (health and queues
+        // for assign decisions).
         front_tasks.extend(engines::probe::spawn(
             fleet,
-            Arc::clone(&front) as _,
+            vec![Arc::clone(&front) as _, Arc::clone(&brain) as _],
             stop_rx.clone(),
         ));
         let mut stop = stop_rx.clone();

@@ -37,6 +37,7 @@ pub fn assign_reply(data: &[u8]) {
         cluster: assignment.cluster.clone(),
         matched_blocks: 0,
         reason: assignment.reason.clone(),
+        ticket: assignment.ticket,
     }
     .encode_to_vec();
     assert_eq!(read_assign_reply(&encoded), Ok(assignment));

@@ -17,28 +17,52 @@
 //!
 //! # The rule, for one request of `n` blocks and cost `c` (prompt tokens or bytes)
 //!
-//! 1. For each replica `r`: `matched_r`, the estimated work if placed there,
-//!    `w_r = c · (n − matched_r) / n + per_request_work` (only the uncached part of the
-//!    prompt is prefilled; `per_request_work` stands for the decode work every request
-//!    costs), the current load `L_r`, and the projected load `P_r = L_r + w_r`.
-//! 2. **Balance rule.** With `mean = (Σ L + min_r w_r) / replicas` (the mean load after
-//!    this request, placed as cheaply as possible), replica `r` is *eligible* iff
-//!    `P_r ≤ balance · mean + balance_slack`. `balance` is the one knob that trades hits
-//!    for balance (∞ = prefix only, 1.0 = strict least-projected-load).
-//! 3. Among eligible replicas pick the greatest `(matched_r, cohort rank, −P_r)`:
+//! 1. For each replica `r`: `matched_r`, the uncached prompt if placed there,
+//!    `u_r = c · (n − matched_r) / n` (only the uncached part is prefilled), and a
+//!    projected cost `P_r`, which depends on what the policy knows of the load:
+//!    - **live load** (the filters' progress reports are arriving, [`in_flight`]): the
+//!      expected time to first token in ms, `P_r = W_r + (u_r + prefill_base) / μ_r`.
+//!      `W_r` is the wait before this request's prefill: the prefill work of requests
+//!      sent to `r` with no first byte yet (or a fresh engine-reported queue, if longer)
+//!      over `μ_r`. `μ_r` is the fleet's mean service rate learnt from first bytes, or the
+//!      replica's own when that is below half of it (a slow replica). The bound is
+//!      `balance · min_r P_r + live_slack · (c + prefill_base) / μ̄`; `live_slack` (0 by
+//!      default) lets a request wait on its prefix's holder up to that many of its own cold
+//!      prefills longer than elsewhere, to keep the prefix in fewer caches;
+//!    - **estimate** (no reports): `P_r = L_r + u_r + per_request_work`, with `L_r` the
+//!      decaying assigned work ([`load`]); the bound is `balance · mean + balance_slack`,
+//!      `mean = (Σ L + min_r w_r) / replicas`.
+//! 2. A replica is *eligible* iff it is available (probe up, no recent 5xx; when none is,
+//!    all are) and `P_r ≤ bound`. `balance` is the one knob that trades hits for balance
+//!    (∞ = prefix only, 1.0 = strict least cost).
+//! 3. Among eligible replicas pick the greatest `(matched_r, cohort rank, −P_r, −held_r)`:
 //!    the longest prefix wins; among equal prefixes the cohort's primary then secondary
-//!    owner; then the least projected load. Exact ties go to the first replica in ring
-//!    order starting at `(hash(first block) + decision count) mod replicas`.
+//!    owner; then the least projected cost; then the fewest blocks held, so a new prefix
+//!    on an idle fleet goes where the cache has most room (as SGLang's smallest tree).
+//!    Exact ties go to the first replica in ring order starting at
+//!    `(hash(first block) + decision count) mod replicas`.
 //! 4. If no replica is eligible (a single request larger than the slack), take the least
-//!    projected load `P_r`: a cost-aware least-loaded choice that still counts the cached
+//!    projected cost: a cost-aware least-loaded choice that still counts the cached
 //!    prefix as free work.
-//! 5. Record the request's blocks into the chosen replica's prefix state and `w_r` into
-//!    its load; update the cohort owners (a spill makes the new replica the secondary).
+//! 5. Record the request's blocks into the chosen replica's prefix state, its work into
+//!    the estimate, and open a ticket for its progress reports; update the cohort owners
+//!    (a spill makes the new replica the secondary).
+//!
+//! With live load the bound is relative to the cheapest *time to first token*, cache
+//! included: a hot prefix stays on its holder while waiting there is cheaper than a cold
+//! prefill elsewhere (within `balance`), and moves the moment it is not; a quiet fleet keeps
+//! every prefix home (every queue is empty, the cached prefill is the cheapest); a slow or
+//! stuck replica's queue shows in `Q_r` within one report, not after a 60 s decay.
 //!
 //! # Why, against SGLang's `cache_aware` router
 //!
-//! - SGLang switches *globally* between "best match" and "shortest queue" when the
-//!   fleet looks imbalanced, so under imbalance it forgets the cache for every request.
+//! - SGLang counts requests in flight per worker (it proxies them, so its count is
+//!   exact) and switches *globally* between "best match" and "shortest queue" when the
+//!   fleet looks imbalanced (max − min above an absolute and a relative threshold), so
+//!   under imbalance it forgets the cache for every request, and while balanced it ignores
+//!   load altogether. Here the same exact count comes from the filters' progress reports,
+//!   weighted by the work each request still has to prefill, and the guard is per replica
+//!   and per request.
 //!   Here the guard is per replica and per request: a request only leaves its prefix
 //!   holder when that holder would exceed the bound, and the requests that move are the
 //!   ones that lose least: a new conversation matches only the shared trunk, which every
@@ -59,7 +83,8 @@
 //!
 //! # Load without completions
 //!
-//! The batcher never sees a request finish in assign mode. Two load models
+//! Without progress reports (an older filter, `observe: false`, or reports lost) the
+//! batcher never sees a request finish in assign mode. Two load models
 //! (`PolicyConfig::drain_rate_per_s`):
 //!
 //! - **Decaying assigned work** (default, `None`): the work it assigned, decaying with
@@ -91,6 +116,7 @@
 //! No input panics: zero replicas is treated as one, out-of-range replica ids in reports
 //! are ignored, non-finite or sub-1 `balance` values are clamped.
 
+pub mod in_flight;
 pub mod load;
 pub mod prefix_state;
 
@@ -98,6 +124,7 @@ use std::num::NonZeroUsize;
 
 use lru::LruCache;
 
+use self::in_flight::{InFlight, Reported};
 use self::load::{Decay, DecayingLoad};
 use self::prefix_state::PrefixState;
 
@@ -129,6 +156,25 @@ pub struct PolicyConfig {
     pub drain_rate_per_s: Option<f64>,
     /// Cohorts whose owners are remembered (LRU beyond that).
     pub max_cohorts: usize,
+    /// Live load: while a progress report came within this window, decisions use the
+    /// exact pending prefill work per replica ([`in_flight`]) instead of the estimate.
+    pub live_window_ms: u64,
+    /// An open ticket whose reports never came is closed after this long.
+    pub ticket_ttl_ms: u64,
+    /// Open tickets at most (beyond, decisions get none).
+    pub max_tickets: usize,
+    /// Prefill work every request costs beyond its uncached prompt (live load), in `cost`
+    /// units: the fixed part of a prefill, so a fully cached request still counts.
+    pub prefill_base_work: f64,
+    /// Live load: how much longer than the cheapest replica a request may wait on a
+    /// replica holding more of its prefix, in its own cold prefills (the bound is
+    /// `balance · min P + live_slack · (cost + prefill_base)`). Leaving a prefix's holder
+    /// puts the prefix in one more cache; this is what a request is asked to pay, at most,
+    /// to spare the fleet that.
+    pub live_slack: f64,
+    /// Live load: the service rate (work units per ms) assumed for a replica until its
+    /// first bytes teach its own; the fleet's mean learnt rate replaces it once there is one.
+    pub default_rate_per_ms: f64,
 }
 
 impl PolicyConfig {
@@ -154,6 +200,12 @@ impl Default for PolicyConfig {
             report_ttl_ms: 5_000,
             drain_rate_per_s: None,
             max_cohorts: 4_096,
+            live_window_ms: 10_000,
+            ticket_ttl_ms: 300_000,
+            max_tickets: 65_536,
+            prefill_base_work: 16.0,
+            live_slack: 0.0,
+            default_rate_per_ms: 1.0,
         }
     }
 }
@@ -205,6 +257,9 @@ pub struct Choice {
     pub matched_blocks: usize,
     /// Why.
     pub reason: ChoiceReason,
+    /// The decision's ticket for progress reports ([`Policy::first_byte`],
+    /// [`Policy::end`]); 0 when the book is full.
+    pub ticket: u64,
 }
 
 /// One replica in a [`PolicySnapshot`].
@@ -218,6 +273,12 @@ pub struct ReplicaSnapshot {
     pub evictions: u64,
     /// Requests assigned so far.
     pub assigned: u64,
+    /// Assigned requests not ended (from progress reports).
+    pub in_flight: u32,
+    /// Prefill work of assigned requests with no first byte yet.
+    pub pending_work: f64,
+    /// Whether decisions may choose it (health: probe up, no recent 5xx).
+    pub available: bool,
 }
 
 /// Metrics view of a [`Policy`].
@@ -229,6 +290,10 @@ pub struct PolicySnapshot {
     pub reasons: [u64; 4],
     /// Cohorts with a remembered owner.
     pub cohorts: usize,
+    /// Whether decisions use the live load (progress reports are arriving).
+    pub live: bool,
+    /// Tickets closed because their reports never came.
+    pub tickets_expired: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -249,10 +314,31 @@ pub struct Policy {
     decisions: u64,
     reasons: [u64; 4],
     mean_work: f64,
+    in_flight: InFlight,
+    available: Vec<bool>,
+    /// Engine-reported queue (requests waiting) per replica, with when.
+    queued: Vec<Option<(u32, u64)>>,
+    /// Mean prefill work per request (live units), for engine queue reports.
+    mean_prefill: f64,
     // Scratch buffers reused across decisions.
     matched: Vec<usize>,
     work: Vec<f64>,
+    prefill: Vec<f64>,
     projected: Vec<f64>,
+    wait: Vec<f64>,
+    rate: Vec<f64>,
+}
+
+/// A replica whose learnt rate is below this share of the fleet's mean is costed at its
+/// own rate (see [`Policy::choose`]).
+const SLOW_REPLICA: f64 = 0.5;
+
+fn finite_or_zero(x: f64) -> f64 {
+    if x.is_finite() {
+        x.max(0.0)
+    } else {
+        0.0
+    }
 }
 
 /// SplitMix64 finaliser: spreads a block hash (or id) over all 64 bits.
@@ -286,9 +372,16 @@ impl Policy {
             decisions: 0,
             reasons: [0; 4],
             mean_work: config.per_request_work.max(1.0),
+            in_flight: InFlight::new(n, config.ticket_ttl_ms, config.max_tickets),
+            available: vec![true; n],
+            queued: vec![None; n],
+            mean_prefill: config.prefill_base_work.max(1.0),
             matched: vec![0; n],
             work: vec![0.0; n],
+            prefill: vec![0.0; n],
             projected: vec![0.0; n],
+            wait: vec![0.0; n],
+            rate: vec![1.0; n],
             config,
         }
     }
@@ -326,8 +419,33 @@ impl Policy {
             0.0
         };
 
+        let live = self.in_flight.is_live(now, self.config.live_window_ms);
+        let base = finite_or_zero(self.config.prefill_base_work);
+        let fleet_rate = self
+            .in_flight
+            .mean_rate()
+            .unwrap_or(self.config.default_rate_per_ms)
+            .max(1e-6);
+        if live {
+            for r in 0..n {
+                // A replica's own rate counts when it is clearly slower than the fleet's
+                // (below half of it); otherwise the fleet's, so the noise of single
+                // samples does not move requests off their prefix.
+                let own = self.in_flight.rate(r, fleet_rate);
+                let rate = if own < SLOW_REPLICA * fleet_rate {
+                    own
+                } else {
+                    fleet_rate
+                };
+                let pending = self.in_flight.replica(r).pending_work;
+                self.wait[r] = pending.max(self.engine_queue(r, now)) / rate;
+                self.rate[r] = rate;
+            }
+        }
         let mut total = 0.0;
         let mut w_min = f64::INFINITY;
+        let mut cost_min = f64::INFINITY;
+        let any_available = self.available.iter().any(|&a| a);
         for r in 0..n {
             let m = self.states[r].matched(blocks);
             let uncached = if blocks.is_empty() {
@@ -339,17 +457,34 @@ impl Policy {
             let l = self.loads[r].effective_with(now, decay, ttl, self.mean_work);
             self.matched[r] = m;
             self.work[r] = w;
-            self.projected[r] = l + w;
+            self.prefill[r] = uncached + base;
+            self.projected[r] = if live {
+                self.wait[r] + (uncached + base) / self.rate[r]
+            } else {
+                l + w
+            };
             total += l;
             w_min = w_min.min(w);
+            if self.available[r] || !any_available {
+                cost_min = cost_min.min(self.projected[r]);
+            }
         }
-        let mean = (total + w_min) / n as f64;
-        let slack = if self.config.balance_slack.is_finite() {
-            self.config.balance_slack.max(0.0)
+        let bound = if live {
+            // Live: the expected time to first token in work units (the queue a request
+            // waits behind plus its own uncached prefill). A replica is eligible while
+            // within `balance` of the best; among those the longest prefix wins.
+            self.balance * cost_min
+                + finite_or_zero(self.config.live_slack) * (cost + base) / fleet_rate
         } else {
-            f64::INFINITY
+            let mean = (total + w_min) / n as f64;
+            let slack = if self.config.balance_slack.is_finite() {
+                self.config.balance_slack.max(0.0)
+            } else {
+                f64::INFINITY
+            };
+            self.balance * mean + slack
         };
-        let bound = self.balance * mean + slack;
+        let usable = |r: usize| self.available[r] || !any_available;
 
         let owners = req.cohort.and_then(|c| self.owners.get(&c).copied());
         let rank = |r: usize| -> u8 {
@@ -365,17 +500,21 @@ impl Policy {
         let mut best: Option<usize> = None;
         for i in 0..n {
             let r = (start + i) % n;
-            if self.projected[r] > bound {
+            if self.projected[r] > bound || !usable(r) {
                 continue;
             }
             let better = match best {
                 None => true,
                 Some(b) => {
                     let (mr, mb) = (self.matched[r], self.matched[b]);
+                    let (pr, pb) = (self.projected[r], self.projected[b]);
                     mr > mb
                         || (mr == mb
                             && (rank(r) > rank(b)
-                                || (rank(r) == rank(b) && self.projected[r] < self.projected[b])))
+                                || (rank(r) == rank(b)
+                                    && (pr < pb
+                                        || (pr == pb
+                                            && self.states[r].len() < self.states[b].len())))))
                 }
             };
             if better {
@@ -385,14 +524,14 @@ impl Policy {
         let replica = match best {
             Some(r) => r,
             None => {
-                let mut b = start;
-                for i in 1..n {
+                let mut b: Option<usize> = None;
+                for i in 0..n {
                     let r = (start + i) % n;
-                    if self.projected[r] < self.projected[b] {
-                        b = r;
+                    if usable(r) && b.is_none_or(|b| self.projected[r] < self.projected[b]) {
+                        b = Some(r);
                     }
                 }
-                b
+                b.unwrap_or(start)
             }
         };
 
@@ -425,17 +564,64 @@ impl Policy {
         }
 
         let w = self.work[replica];
+        let prefill = self.prefill[replica];
         self.states[replica].record(blocks);
         self.loads[replica].add_with(w, now, decay);
         self.assigned[replica] += 1;
         self.decisions += 1;
         self.reasons[reason as usize] += 1;
         self.mean_work += (w - self.mean_work) / 64.0;
+        // A mean over the decisions so far, then over the last 64 or so.
+        self.mean_prefill += (prefill - self.mean_prefill) / (self.decisions.min(64) as f64);
+        let ticket = self.in_flight.open(replica, prefill, now);
 
         Choice {
             replica,
             matched_blocks: m,
             reason,
+            ticket,
+        }
+    }
+
+    /// A fresh engine-reported queue on `replica` in work units (`waiting × mean
+    /// prefill`): work other batcher shards sent shows there; 0 when stale or absent.
+    fn engine_queue(&self, replica: usize, now_ms: u64) -> f64 {
+        match self.queued[replica] {
+            Some((waiting, at)) if now_ms.saturating_sub(at) <= self.config.report_ttl_ms => {
+                f64::from(waiting) * self.mean_prefill
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// The first response byte of `ticket`'s request went by, `elapsed_ms` after the
+    /// decision.
+    pub fn first_byte(&mut self, ticket: u64, elapsed_ms: u32, now_ms: u64) -> Option<Reported> {
+        self.in_flight.first_byte(ticket, elapsed_ms, now_ms)
+    }
+
+    /// `ticket`'s request ended with `status` (0: none).
+    pub fn end(&mut self, ticket: u64, status: u32, now_ms: u64) -> Option<Reported> {
+        self.in_flight.end(ticket, status, now_ms)
+    }
+
+    /// Closes tickets whose reports never came.
+    pub fn expire(&mut self, now_ms: u64) {
+        self.in_flight.expire(now_ms);
+    }
+
+    /// Whether decisions may choose `replica` (its health). When none is available,
+    /// decisions use all of them: a request routed somewhere beats one refused.
+    pub fn set_available(&mut self, replica: usize, available: bool) {
+        if let Some(a) = self.available.get_mut(replica) {
+            *a = available;
+        }
+    }
+
+    /// Engine-reported requests waiting (queued, not yet prefilling) on `replica`.
+    pub fn report_engine_queue(&mut self, replica: usize, waiting: u32, now_ms: u64) {
+        if let Some(q) = self.queued.get_mut(replica) {
+            *q = Some((waiting, now_ms));
         }
     }
 
@@ -468,10 +654,15 @@ impl Policy {
                     blocks_held: self.states[r].len(),
                     evictions: self.states[r].evictions(),
                     assigned: self.assigned[r],
+                    in_flight: self.in_flight.replica(r).in_flight,
+                    pending_work: self.in_flight.replica(r).pending_work,
+                    available: self.available[r],
                 })
                 .collect(),
             reasons: self.reasons,
             cohorts: self.owners.len(),
+            live: self.in_flight.is_live(now_ms, self.config.live_window_ms),
+            tickets_expired: self.in_flight.expired(),
         }
     }
 }

@@ -13,6 +13,7 @@ impl Brain {
         let snapshot = lock(&self.policy).snapshot(now_ms);
         let store = self.store.stats();
         let cohorts = lock(&self.cohorts).counters();
+        let health = lock(&self.health);
         let per_replica = |f: &dyn Fn(usize) -> f64| -> Vec<(String, f64)> {
             self.replicas
                 .iter()
@@ -119,6 +120,50 @@ impl Brain {
             "Requests assigned to each replica.",
             "replica",
             &per_replica(&|i| snapshot.replicas[i].assigned as f64),
+        );
+        scrape.labelled_gauge(
+            "cohort_replica_in_flight",
+            "Assigned requests not ended on each replica (from the filters' progress reports).",
+            "replica",
+            &per_replica(&|i| f64::from(snapshot.replicas[i].in_flight)),
+        );
+        scrape.labelled_gauge(
+            "cohort_replica_pending_prefill",
+            "Prefill work (prompt tokens) of assigned requests with no first byte yet.",
+            "replica",
+            &per_replica(&|i| snapshot.replicas[i].pending_work),
+        );
+        scrape.labelled_gauge(
+            "cohort_replica_available",
+            "Whether Assign may choose the replica (probe up, no 5xx in the hold time).",
+            "replica",
+            &per_replica(&|i| f64::from(u8::from(health.available(i, now_ms)))),
+        );
+        scrape.count_gauge(
+            "cohort_assign_live_load",
+            "1 while Assign decides on the live load (progress reports arriving), 0 on the estimate.",
+            u64::from(snapshot.live),
+        );
+        let p = &self.progress_counters;
+        scrape.labelled_counter(
+            "cohort_progress_reports_total",
+            "Progress reports of assigned requests from filters, by phase (unknown: no such ticket).",
+            "phase",
+            &[
+                ("first_byte".into(), p.first_byte.load(Ordering::Relaxed) as f64),
+                ("end".into(), p.end.load(Ordering::Relaxed) as f64),
+                ("unknown".into(), p.unknown.load(Ordering::Relaxed) as f64),
+            ],
+        );
+        scrape.counter(
+            "cohort_replica_server_errors_total",
+            "Assigned requests that ended with a 5xx (the replica is left out for a hold time).",
+            p.server_errors.load(Ordering::Relaxed),
+        );
+        scrape.counter(
+            "cohort_tickets_expired_total",
+            "Assign tickets closed because their progress reports never came.",
+            snapshot.tickets_expired,
         );
     }
 }

@@ -11,9 +11,11 @@
 //! Time is passed in (`now_ms` since the batcher started) so tests drive it; tenants are
 //! hashed to 32 bits and every lookup stays within one tenant.
 
+mod live;
 mod metrics;
 mod report;
 
+use crate::clock::Clock;
 use crate::config::ServeConfig;
 use crate::metrics::{decision_seconds, Histogram};
 use cohort_batcher_core::cohorts::Cohorts;
@@ -67,6 +69,11 @@ pub struct Brain {
     /// Observed requests per (cohort, source), for the inspector's batch pivot. The source
     /// is the tenant the mesh established: the calling workload's identity.
     pivot: Mutex<std::collections::HashMap<(u32, String), u64>>,
+    /// Which replicas may be chosen (probes, 5xx answers): [`live`].
+    health: Mutex<live::Health>,
+    progress_counters: live::ProgressCounters,
+    /// The time of reports that come without one (engine probes).
+    clock: Clock,
 }
 
 fn tenant_hash(tenant: &str) -> u32 {
@@ -105,7 +112,7 @@ fn open_fingerprint_store(config: &ServeConfig) -> Box<dyn Store> {
 }
 
 impl Brain {
-    pub fn new(config: &ServeConfig) -> Brain {
+    pub fn new(config: &ServeConfig, clock: Clock) -> Brain {
         let shards = config.shard_count.max(1) as usize;
         // Each of S shards sees 1/S of the decisions: it gets 1/S of each replica's cache
         // and a load window S times as long (what the shard replay measures).
@@ -113,6 +120,7 @@ impl Brain {
             balance: config.policy.balance,
             balance_slack: config.policy.balance_slack_tokens,
             load_half_life_ms: config.policy.load_half_life_ms * shards as u64,
+            live_slack: config.policy.live_slack,
             ..PolicyConfig::new(
                 config.replicas.len(),
                 (config.policy.kv_blocks_per_replica / shards).max(1),
@@ -134,6 +142,9 @@ impl Brain {
             counters: Counters::default(),
             assign_seconds: decision_seconds(),
             pivot: Mutex::new(std::collections::HashMap::new()),
+            health: Mutex::new(live::Health::new(config.replicas.len())),
+            progress_counters: live::ProgressCounters::default(),
+            clock,
         }
     }
 
@@ -160,12 +171,19 @@ impl Brain {
                 )
                 .map(|m| m.cohort)
         });
-        let choice = lock(&self.policy).choose(&RouteRequest {
-            blocks: &fp.blocks,
-            cohort,
-            cost: fp.prompt_bytes / BYTES_PER_TOKEN,
-            now_ms,
-        });
+        let choice = {
+            // Lock order: health, then policy (nothing takes them the other way round).
+            let health = lock(&self.health);
+            let mut policy = lock(&self.policy);
+            health.apply(&mut policy, now_ms);
+            drop(health);
+            policy.choose(&RouteRequest {
+                blocks: &fp.blocks,
+                cohort,
+                cost: fp.prompt_bytes / BYTES_PER_TOKEN,
+                now_ms,
+            })
+        };
         self.counters.assigns.fetch_add(1, Ordering::Relaxed);
         self.assign_seconds.observe(started.elapsed().as_secs_f64());
         Ok(pb::AssignReply {
@@ -173,6 +191,7 @@ impl Brain {
             cluster: cohort.map(|c| format!("{c:08x}")).unwrap_or_default(),
             matched_blocks: choice.matched_blocks as u32,
             reason: choice.reason.as_str().to_owned(),
+            ticket: choice.ticket,
         })
     }
 
@@ -186,6 +205,11 @@ impl Brain {
     }
 
     fn observe_one(&self, observation: &pb::Observation, now_ms: u64) {
+        // A progress report is not an observation of a request (it has its own counter).
+        if let Some(progress) = &observation.progress {
+            self.progress(progress, now_ms);
+            return;
+        }
         self.counters.observations.fetch_add(1, Ordering::Relaxed);
         let Some(request) = &observation.request else {
             return;
@@ -245,6 +269,7 @@ impl Brain {
         let now_s = secs(now_ms);
         self.store.expire(now_s);
         lock(&self.cohorts).expire(now_s);
+        lock(&self.policy).expire(now_ms);
     }
 }
 
@@ -291,7 +316,7 @@ mod tests {
             shard_count,
             ..ServeConfig::default()
         };
-        Arc::new(Brain::new(&config))
+        Arc::new(Brain::new(&config, Clock::start()))
     }
 
     fn fingerprint(blocks: Vec<u64>, sketch: [i8; 32]) -> pb::Fingerprint {
@@ -348,10 +373,37 @@ mod tests {
         };
         config.store.backend = "gpu".into();
         config.store.max_entries = 1000;
-        let brain = Brain::new(&config);
+        let brain = Brain::new(&config, Clock::start());
         observe(&brain, vec![7], sketch(1), "a", "r0");
         observe(&brain, vec![8], sketch(2), "a", "r0");
         assert_eq!(brain.status(1_000).store_entries, 2);
+    }
+
+    #[test]
+    fn the_live_slack_setting_reaches_the_policy() {
+        let mut config = ServeConfig {
+            replicas: vec![Replica::named("r0")],
+            ..ServeConfig::default()
+        };
+        assert_eq!(
+            Brain::new(&config, Clock::start())
+                .policy
+                .lock()
+                .unwrap()
+                .config()
+                .live_slack,
+            0.0
+        );
+        config.policy.live_slack = 2.5;
+        assert_eq!(
+            Brain::new(&config, Clock::start())
+                .policy
+                .lock()
+                .unwrap()
+                .config()
+                .live_slack,
+            2.5
+        );
     }
 
     #[test]

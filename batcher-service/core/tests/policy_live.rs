@@ -1,0 +1,174 @@
+//! The policy on the live load (progress reports arriving): adversarial load patterns.
+//! Each test drives decisions and reports by hand with injected time.
+
+use cohort_batcher_core::policy::{ChoiceReason, Policy, PolicyConfig, RouteRequest};
+
+fn req(blocks: &[u64], cost: u32, now_ms: u64) -> RouteRequest<'_> {
+    RouteRequest {
+        blocks,
+        cohort: None,
+        cost,
+        now_ms,
+    }
+}
+
+fn policy(replicas: usize) -> Policy {
+    Policy::new(PolicyConfig::new(replicas, 10_000))
+}
+
+/// Turns live load on: a report under a ticket of a throwaway decision.
+fn go_live(p: &mut Policy, now_ms: u64) {
+    let c = p.choose(&req(&[999_999], 1, now_ms));
+    p.end(c.ticket, 200, now_ms);
+}
+
+#[test]
+fn without_reports_the_estimate_decides_and_tickets_still_open() {
+    let mut p = policy(2);
+    let c = p.choose(&req(&[1, 2], 100, 0));
+    assert_ne!(c.ticket, 0);
+    assert!(!p.snapshot(0).live);
+    assert_eq!(p.snapshot(0).replicas[c.replica].in_flight, 1);
+    p.first_byte(c.ticket, 5, 5);
+    assert!(p.snapshot(5).live, "a report turns live load on");
+    assert!(!p.snapshot(20_000).live, "and it lapses without reports");
+}
+
+/// Forty requests of one hot app (a 4-block system prompt, cost 5000 when cold, and one
+/// block of their own), none finishing: the first that moves, and the spread.
+fn hot_app(live_slack: f64) -> (u64, [u32; 3]) {
+    let mut p = Policy::new(PolicyConfig {
+        live_slack,
+        ..PolicyConfig::new(3, 10_000)
+    });
+    go_live(&mut p, 0);
+    let mut per_replica = [0u32; 3];
+    let mut first_spill = None;
+    for i in 0..40u64 {
+        let blocks = [1, 2, 3, 4, 100 + i];
+        let c = p.choose(&req(&blocks, 5000, 1 + i));
+        per_replica[c.replica] += 1;
+        if c.reason == ChoiceReason::LoadSpill && first_spill.is_none() {
+            first_spill = Some(i);
+        }
+    }
+    (first_spill.expect("the hot prefix spilled"), per_replica)
+}
+
+#[test]
+fn one_hot_app_spills_once_its_holder_queues_more_than_a_cold_prefill() {
+    // A cold prefill costs 5016 anywhere, a cached one 1016 on the holder. Request 1 would
+    // wait behind request 0's cold prefill (5016) and then run its own (1016): 6032 >
+    // 1.2 × 5016 on an idle replica, so it is the first to move; from then on the prefix
+    // is held twice, then three times, and the work spreads.
+    let (first_spill, per_replica) = hot_app(0.0);
+    assert_eq!(first_spill, 1);
+    assert!(per_replica.iter().all(|&n| n >= 8), "{per_replica:?}");
+    // `live_slack` 1: the holder also takes one more cold prefill's worth of queue:
+    // request 0 (5016) and requests 1-5 (1016 each) queue 10096 > 1.2 × 5016 + 5016 only
+    // at request 6.
+    let (first_spill, _) = hot_app(1.0);
+    assert_eq!(first_spill, 6);
+}
+
+#[test]
+fn a_burst_on_a_quiet_fleet_stays_on_its_prefix_while_it_drains() {
+    // Requests of one prefix that finish before the next arrives never leave the holder:
+    // its queue is empty each time, and the cached prefill is the cheapest.
+    let mut p = policy(4);
+    go_live(&mut p, 0);
+    let first = p.choose(&req(&[7, 8, 9, 10, 11], 5000, 1));
+    p.first_byte(first.ticket, 1, 2);
+    p.end(first.ticket, 200, 3);
+    for t in 0..30u64 {
+        let c = p.choose(&req(&[7, 8, 9, 10, 11, 500 + t], 6000, 10 + t * 10));
+        assert_eq!(c.replica, first.replica, "request {t}");
+        assert_eq!(c.reason, ChoiceReason::Prefix);
+        p.first_byte(c.ticket, 2, 12 + t * 10);
+        p.end(c.ticket, 200, 15 + t * 10);
+    }
+    assert_eq!(p.snapshot(400).replicas[first.replica].in_flight, 0);
+}
+
+#[test]
+fn a_slow_replica_gets_less_of_unrelated_traffic() {
+    // Three replicas, requests with no shared prefix. Replica 0 answers its first byte
+    // only after 10 decisions; the others after 1. Its queue is visible, so it gets less.
+    let mut p = policy(3);
+    go_live(&mut p, 0);
+    let mut open: Vec<(u64, usize, u64)> = Vec::new();
+    let mut per_replica = [0u32; 3];
+    for i in 0..300u64 {
+        let now = 10 + i;
+        open.retain(|&(ticket, replica, at)| {
+            let delay = if replica == 0 { 10 } else { 1 };
+            if now >= at + delay {
+                p.first_byte(ticket, (now - at) as u32, now);
+                p.end(ticket, 200, now);
+                false
+            } else {
+                true
+            }
+        });
+        let c = p.choose(&req(&[10_000 + i], 1000, now));
+        per_replica[c.replica] += 1;
+        open.push((c.ticket, c.replica, now));
+    }
+    assert!(
+        per_replica[0] * 2 < per_replica[1].min(per_replica[2]),
+        "slow replica 0 got {per_replica:?}"
+    );
+}
+
+#[test]
+fn an_unavailable_replica_gets_nothing_even_when_it_holds_the_prefix() {
+    let mut p = policy(3);
+    go_live(&mut p, 0);
+    let holder = p.choose(&req(&[1, 2, 3], 3000, 1));
+    p.end(holder.ticket, 200, 2);
+    p.set_available(holder.replica, false);
+    for t in 0..20u64 {
+        let c = p.choose(&req(&[1, 2, 3, 50 + t], 4000, 10 + t));
+        assert_ne!(c.replica, holder.replica);
+        p.end(c.ticket, 200, 11 + t);
+    }
+    assert!(!p.snapshot(40).replicas[holder.replica].available);
+    // The estimate (no live load) respects it too.
+    let mut q = policy(2);
+    q.set_available(0, false);
+    for t in 0..10u64 {
+        assert_eq!(q.choose(&req(&[t], 100, t)).replica, 1);
+    }
+    // None available: decisions go on over all of them.
+    q.set_available(1, false);
+    let c = q.choose(&req(&[77], 100, 20));
+    assert!(c.replica < 2);
+}
+
+#[test]
+fn an_engine_reported_queue_counts_when_the_book_shows_less() {
+    // Another batcher shard's work shows only in the engine's own queue.
+    let mut p = policy(2);
+    go_live(&mut p, 0);
+    let a = p.choose(&req(&[5, 6, 7, 8], 4000, 1));
+    p.end(a.ticket, 200, 2);
+    p.report_engine_queue(a.replica, 50, 3);
+    let c = p.choose(&req(&[5, 6, 7, 8, 9], 5000, 4));
+    assert_ne!(
+        c.replica, a.replica,
+        "50 queued requests outweigh the cached prefix"
+    );
+    p.end(c.ticket, 200, 5);
+    // The report lapses after its TTL (5 s): a fresh policy where only the holder has the
+    // prefix goes back to it once the report is old.
+    let mut q = policy(2);
+    go_live(&mut q, 0);
+    let a = q.choose(&req(&[5, 6, 7, 8], 4000, 1));
+    q.end(a.ticket, 200, 2);
+    q.report_engine_queue(a.replica, 50, 3);
+    let keep_live = q.choose(&req(&[1], 1, 5_000)).ticket;
+    q.end(keep_live, 200, 5_000);
+    let e = q.choose(&req(&[5, 6, 7, 8, 11], 5000, 5_004));
+    assert_eq!(e.replica, a.replica);
+    assert_eq!(e.reason, ChoiceReason::Prefix);
+}

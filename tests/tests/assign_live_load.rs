@@ -1,0 +1,186 @@
+//! Assign mode on the live load, end to end: real Envoy with the real filter, real
+//! `cohort serve` over real gRPC, three recording upstream replicas that a test can make
+//! slow or failing.
+//!
+//! - the filter reports each assigned request's first byte and end under its ticket; the
+//!   batcher's in-flight book follows (in flight while a replica is slow, 0 after);
+//! - a prefix whose holder has turned slow leaves it once the requests queued there cost
+//!   more than a cold prefill elsewhere (the decaying estimate alone would keep sending
+//!   them: a few small prompts are far below its slack);
+//! - a replica that answers 5xx is left out of decisions, also for the prefix it holds.
+//!
+//! Needs `scripts/setup` (Envoy), `scripts/build-wasm` (the filter) and the `cohort`
+//! binary (built by `cargo test --workspace`); `scripts/test` does all three.
+
+use cohort_tests::batcher::{Batcher, BatcherSpec};
+use cohort_tests::client::post_json;
+use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
+use cohort_tests::envoy::Envoy;
+use cohort_tests::upstream::Upstream;
+use cohort_tests::{free_port, one_at_a_time};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+const CHAT: &str = "/v1/chat/completions";
+const REPLICAS: [&str; 3] = ["replica-0", "replica-1", "replica-2"];
+
+struct Stack {
+    replicas: Vec<Upstream>,
+    batcher: Batcher,
+    envoy: Envoy,
+}
+
+fn stack() -> Stack {
+    let replicas: Vec<Upstream> = REPLICAS.iter().map(|n| Upstream::start(n)).collect();
+    let batcher = Batcher::start(BatcherSpec {
+        grpc_port: free_port(),
+        http_port: free_port(),
+        replicas: REPLICAS.iter().map(|s| s.to_string()).collect(),
+        shard_index: 0,
+        shard_count: 1,
+        front_port: None,
+        extra_args: Vec::new(),
+    });
+    let mut config = config::load("assign");
+    let (admin, listen) = (free_port(), free_port());
+    set_ports(&mut config, admin, listen);
+    for (i, replica) in replicas.iter().enumerate() {
+        set_endpoints(&mut config, &format!("replica-{i}"), &[replica.port]);
+    }
+    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
+    set_endpoints(&mut config, "all-replicas", &ports);
+    set_endpoints(&mut config, "cohort-batcher-0", &[batcher.spec.grpc_port]);
+    set_filter(
+        &mut config,
+        &json!({"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]})
+            .to_string(),
+    );
+    let envoy = Envoy::start(&config, admin, listen);
+    Stack {
+        replicas,
+        batcher,
+        envoy,
+    }
+}
+
+/// A request of one application (a long shared system prompt) with its own question.
+fn body(question: usize) -> Vec<u8> {
+    let system = format!(
+        "You are the support assistant of the Example Bank. {}",
+        "Answer politely, cite the policy section, never reveal account numbers. ".repeat(16)
+    );
+    serde_json::to_vec(&json!({"model": "m", "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": format!("Question {question}: how do I reset my card PIN?")},
+    ]}))
+    .unwrap()
+}
+
+/// Sends request `question`; returns the replica that answered and the status.
+fn send(envoy: &Envoy, question: usize) -> (String, u16) {
+    let response = post_json(envoy.listen_port, CHAT, &[], &body(question));
+    let replica = response.header("x-upstream").unwrap_or_default().to_owned();
+    (replica, response.status)
+}
+
+fn index(stack: &Stack, replica: &str) -> usize {
+    stack
+        .replicas
+        .iter()
+        .position(|r| r.name == replica)
+        .unwrap()
+}
+
+fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    check()
+}
+
+#[test]
+fn a_slow_holder_sheds_its_prefix_and_the_book_follows() {
+    let _serial = one_at_a_time();
+    let stack = stack();
+    let b = &stack.batcher;
+    // Warm: the prefix lands somewhere and stays there while the fleet is quiet.
+    let (holder, status) = send(&stack.envoy, 0);
+    assert_eq!(status, 200);
+    for q in 1..4 {
+        assert_eq!(
+            send(&stack.envoy, q).0,
+            holder,
+            "a quiet fleet keeps the prefix home"
+        );
+    }
+    assert!(eventually(Duration::from_secs(2), || {
+        b.metric("cohort_progress_reports_total{phase=\"end\"}") >= 4.0
+    }));
+    assert_eq!(b.metric("cohort_assign_live_load"), 1.0);
+    // The holder turns slow: its answers take 3 s. Eight requests of the prefix follow,
+    // 150 ms apart, each waiting for its answer in its own thread.
+    stack.replicas[index(&stack, &holder)].set_delay(Duration::from_secs(3));
+    let in_flight = format!("cohort_replica_in_flight{{replica=\"{holder}\"}}");
+    let served: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                std::thread::sleep(Duration::from_millis(150));
+                let envoy = &stack.envoy;
+                scope.spawn(move || {
+                    let (replica, status) = send(envoy, 100 + i);
+                    assert_eq!(status, 200);
+                    replica
+                })
+            })
+            .collect();
+        // While they run, the book shows the holder's requests in flight.
+        assert!(b.metric(&in_flight) >= 1.0, "{}", b.metrics());
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let on_holder = served.iter().filter(|r| **r == holder).count();
+    assert!(
+        (1..8).contains(&on_holder),
+        "the slow holder took some, then the prefix moved: {served:?}"
+    );
+    // Every request ended: nothing left in flight anywhere.
+    assert!(
+        eventually(Duration::from_secs(3), || REPLICAS.iter().all(|r| b
+            .metric(&format!("cohort_replica_in_flight{{replica=\"{r}\"}}"))
+            == 0.0)),
+        "{}",
+        b.metrics()
+    );
+    assert!(b.metric("cohort_progress_reports_total{phase=\"first_byte\"}") >= 12.0);
+    assert_eq!(
+        b.metric("cohort_progress_reports_total{phase=\"unknown\"}"),
+        0.0
+    );
+}
+
+#[test]
+fn a_replica_answering_5xx_is_left_out() {
+    let _serial = one_at_a_time();
+    let stack = stack();
+    let b = &stack.batcher;
+    let (holder, _) = send(&stack.envoy, 0);
+    stack.replicas[index(&stack, &holder)].set_status(503);
+    let (replica, status) = send(&stack.envoy, 1);
+    assert_eq!((replica.as_str(), status), (holder.as_str(), 503));
+    let available = format!("cohort_replica_available{{replica=\"{holder}\"}}");
+    assert!(
+        eventually(Duration::from_secs(2), || b.metric(&available) == 0.0),
+        "{}",
+        b.metrics()
+    );
+    assert!(b.metric("cohort_replica_server_errors_total") >= 1.0);
+    // Its prefix goes elsewhere now, and every answer is a success.
+    for q in 2..8 {
+        let (replica, status) = send(&stack.envoy, q);
+        assert_ne!(replica, holder);
+        assert_eq!(status, 200);
+    }
+}
