@@ -7,7 +7,9 @@
 //! - a prefix whose holder has turned slow leaves it once the requests queued there cost
 //!   more than a cold prefill elsewhere (the decaying estimate alone would keep sending
 //!   them: a few small prompts are far below its slack);
-//! - a replica that answers 5xx is left out of decisions, also for the prefix it holds.
+//! - a replica that answers 5xx is left out of decisions, also for the prefix it holds;
+//! - with replica URLs (the batcher probes them), a replica that goes away is left out
+//!   after the probe interval: nothing more is assigned to it and every request succeeds.
 //!
 //! Needs `scripts/setup` (Envoy), `scripts/build-wasm` (the filter) and the `cohort`
 //! binary (built by `cargo test --workspace`); `scripts/test` does all three.
@@ -25,20 +27,33 @@ const CHAT: &str = "/v1/chat/completions";
 const REPLICAS: [&str; 3] = ["replica-0", "replica-1", "replica-2"];
 
 struct Stack {
-    replicas: Vec<Upstream>,
+    replicas: Vec<Option<Upstream>>,
     batcher: Batcher,
     envoy: Envoy,
 }
 
 fn stack() -> Stack {
+    stack_with(false)
+}
+
+/// With `probed`, the batcher knows the replicas' URLs and probes them every second.
+fn stack_with(probed: bool) -> Stack {
     let replicas: Vec<Upstream> = REPLICAS.iter().map(|n| Upstream::start(n)).collect();
     let batcher = Batcher::start(BatcherSpec {
         grpc_port: free_port(),
         http_port: free_port(),
-        replicas: REPLICAS.iter().map(|s| s.to_string()).collect(),
+        replicas: REPLICAS
+            .iter()
+            .zip(&replicas)
+            .map(|(name, upstream)| match probed {
+                true => format!("{name}=http://127.0.0.1:{}", upstream.port),
+                false => name.to_string(),
+            })
+            .collect(),
         shard_index: 0,
         shard_count: 1,
-        front_port: None,
+        // Replicas with URLs turn batch mode's front on too; it listens, unused.
+        front_port: probed.then(free_port),
         extra_args: Vec::new(),
     });
     let mut config = config::load("assign");
@@ -57,7 +72,7 @@ fn stack() -> Stack {
     );
     let envoy = Envoy::start(&config, admin, listen);
     Stack {
-        replicas,
+        replicas: replicas.into_iter().map(Some).collect(),
         batcher,
         envoy,
     }
@@ -83,12 +98,12 @@ fn send(envoy: &Envoy, question: usize) -> (String, u16) {
     (replica, response.status)
 }
 
-fn index(stack: &Stack, replica: &str) -> usize {
-    stack
-        .replicas
-        .iter()
-        .position(|r| r.name == replica)
-        .unwrap()
+fn index(replica: &str) -> usize {
+    REPLICAS.iter().position(|r| *r == replica).unwrap()
+}
+
+fn upstream<'a>(stack: &'a Stack, replica: &str) -> &'a Upstream {
+    stack.replicas[index(replica)].as_ref().unwrap()
 }
 
 fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
@@ -123,7 +138,7 @@ fn a_slow_holder_sheds_its_prefix_and_the_book_follows() {
     assert_eq!(b.metric("cohort_assign_live_load"), 1.0);
     // The holder turns slow: its answers take 3 s. Eight requests of the prefix follow,
     // 150 ms apart, each waiting for its answer in its own thread.
-    stack.replicas[index(&stack, &holder)].set_delay(Duration::from_secs(3));
+    upstream(&stack, &holder).set_delay(Duration::from_secs(3));
     let in_flight = format!("cohort_replica_in_flight{{replica=\"{holder}\"}}");
     let served: Vec<String> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..8)
@@ -167,7 +182,7 @@ fn a_replica_answering_5xx_is_left_out() {
     let stack = stack();
     let b = &stack.batcher;
     let (holder, _) = send(&stack.envoy, 0);
-    stack.replicas[index(&stack, &holder)].set_status(503);
+    upstream(&stack, &holder).set_status(503);
     let (replica, status) = send(&stack.envoy, 1);
     assert_eq!((replica.as_str(), status), (holder.as_str(), 503));
     let available = format!("cohort_replica_available{{replica=\"{holder}\"}}");
@@ -183,4 +198,37 @@ fn a_replica_answering_5xx_is_left_out() {
         assert_ne!(replica, holder);
         assert_eq!(status, 200);
     }
+}
+
+#[test]
+fn a_replica_that_goes_away_gets_nothing_after_the_probe_interval() {
+    let _serial = one_at_a_time();
+    let mut stack = stack_with(true);
+    let b = &stack.batcher;
+    let (holder, status) = send(&stack.envoy, 0);
+    assert_eq!(status, 200);
+    let up = format!("cohort_engine_up{{replica=\"{holder}\"}}");
+    assert!(eventually(Duration::from_secs(3), || b.metric(&up) == 1.0));
+    // The holder goes away (its port refuses connections), with nothing in flight.
+    stack.replicas[index(&holder)] = None;
+    let available = format!("cohort_replica_available{{replica=\"{holder}\"}}");
+    assert!(
+        eventually(Duration::from_secs(3), || b.metric(&up) == 0.0
+            && b.metric(&available) == 0.0),
+        "{}",
+        b.metrics()
+    );
+    let assigned = format!("cohort_replica_assigned_total{{replica=\"{holder}\"}}");
+    let before = b.metric(&assigned);
+    // Its prefix and everything else now goes to the others, and every request succeeds.
+    for q in 1..13 {
+        let (replica, status) = send(&stack.envoy, q);
+        assert_eq!(status, 200, "request {q}");
+        assert_ne!(replica, holder);
+    }
+    assert_eq!(
+        b.metric(&assigned),
+        before,
+        "nothing assigned to the dead replica"
+    );
 }
