@@ -95,10 +95,18 @@ fn request_info(plan: &RequestPlan, fp: &Fingerprint) -> pb::RequestInfo {
 }
 
 /// The `Assign` request for a fingerprinted request.
-pub fn assign_request(plan: &RequestPlan, fp: &Fingerprint, now_ms: u64) -> pb::AssignRequest {
+/// The Assign call for a fingerprinted request; `reports_progress` when the filter will
+/// report its first byte and end (assign mode with observations on).
+pub fn assign_request(
+    plan: &RequestPlan,
+    fp: &Fingerprint,
+    now_ms: u64,
+    reports_progress: bool,
+) -> pb::AssignRequest {
     pb::AssignRequest {
         request: Some(request_info(plan, fp)),
         sent_unix_ms: now_ms,
+        reports_progress,
     }
 }
 
@@ -367,8 +375,10 @@ mod tests {
     fn assign_request_carries_the_fingerprint() {
         let config = FilterConfig::default();
         let (plan, fp) = fingerprinted(&config, BODY);
-        let assign = assign_request(&plan, &fp, 1234);
+        let assign = assign_request(&plan, &fp, 1234, true);
         assert_eq!(assign.sent_unix_ms, 1234);
+        assert!(assign.reports_progress);
+        assert!(!assign_request(&plan, &fp, 1234, false).reports_progress);
         let request = assign.request.unwrap();
         let wire = request.fingerprint.as_ref().unwrap();
         assert_eq!(wire.key, fp.routing_key.0);

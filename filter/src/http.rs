@@ -176,7 +176,13 @@ impl CohortHttp {
         let shard_index = batcher::shard_index(config, &routing.fingerprint);
         if let (Mode::Assign | Mode::Batch, Some(index)) = (config.mode, shard_index) {
             let now = self.get_current_time();
-            let request = batcher::assign_request(&plan, &routing.fingerprint, unix_ms(now));
+            let reports_progress = config.mode == Mode::Assign && config.observe;
+            let request = batcher::assign_request(
+                &plan,
+                &routing.fingerprint,
+                unix_ms(now),
+                reports_progress,
+            );
             let message = prost::Message::encode_to_vec(&request);
             match hostcalls::dispatch_grpc_call(
                 &config.batcher_clusters[index],

@@ -8,6 +8,7 @@ fn req(blocks: &[u64], cost: u32, now_ms: u64) -> RouteRequest<'_> {
         cohort: None,
         cost,
         now_ms,
+        track: false,
     }
 }
 
@@ -119,6 +120,7 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
         cohort: Some(7),
         cost: 100,
         now_ms: 0,
+        track: false,
     });
     // Different prompts, same cohort: no prefix distinguishes replicas, the owner does.
     for (i, b) in [200u64, 300, 400].iter().enumerate() {
@@ -127,6 +129,7 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
             cohort: Some(7),
             cost: 100,
             now_ms: 1 + i as u64,
+            track: false,
         });
         assert_eq!(c.replica, first.replica);
         assert_eq!(c.reason, ChoiceReason::Cohort);
@@ -139,6 +142,7 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
             cohort: Some(7),
             cost: 100,
             now_ms: 11,
+            track: false,
         });
         assert_eq!(c.replica, other);
         assert_eq!(c.reason, ChoiceReason::Prefix);

@@ -9,6 +9,7 @@ fn req(blocks: &[u64], cost: u32, now_ms: u64) -> RouteRequest<'_> {
         cohort: None,
         cost,
         now_ms,
+        track: true,
     }
 }
 

@@ -221,6 +221,9 @@ pub struct RouteRequest<'a> {
     pub cost: u32,
     /// Injected time.
     pub now_ms: u64,
+    /// Whether the caller will report the request's progress ([`Policy::first_byte`],
+    /// [`Policy::end`]): only then is a ticket opened for it.
+    pub track: bool,
 }
 
 /// Why a replica was chosen.
@@ -258,7 +261,7 @@ pub struct Choice {
     /// Why.
     pub reason: ChoiceReason,
     /// The decision's ticket for progress reports ([`Policy::first_byte`],
-    /// [`Policy::end`]); 0 when the book is full.
+    /// [`Policy::end`]); 0 when the request is not tracked or the book is full.
     pub ticket: u64,
 }
 
@@ -573,7 +576,11 @@ impl Policy {
         self.mean_work += (w - self.mean_work) / 64.0;
         // A mean over the decisions so far, then over the last 64 or so.
         self.mean_prefill += (prefill - self.mean_prefill) / (self.decisions.min(64) as f64);
-        let ticket = self.in_flight.open(replica, prefill, now);
+        let ticket = if req.track {
+            self.in_flight.open(replica, prefill, now)
+        } else {
+            0
+        };
 
         Choice {
             replica,

@@ -310,6 +310,7 @@ impl Router {
                             cohort: None,
                             cost: req.input_length,
                             now_ms: req.timestamp_ms,
+                            track: false,
                         })
                         .replica
                     }

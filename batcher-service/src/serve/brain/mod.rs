@@ -182,6 +182,7 @@ impl Brain {
                 cohort,
                 cost: fp.prompt_bytes / BYTES_PER_TOKEN,
                 now_ms,
+                track: assign.reports_progress,
             })
         };
         self.counters.assigns.fetch_add(1, Ordering::Relaxed);
@@ -377,6 +378,52 @@ mod tests {
         observe(&brain, vec![7], sketch(1), "a", "r0");
         observe(&brain, vec![8], sketch(2), "a", "r0");
         assert_eq!(brain.status(1_000).store_entries, 2);
+    }
+
+    #[test]
+    fn tickets_open_only_for_requests_whose_progress_will_be_reported() {
+        let brain = brain(2, 1);
+        let request = |reports_progress| pb::AssignRequest {
+            request: Some(pb::RequestInfo {
+                fingerprint: Some(fingerprint(vec![1, 2], sketch(0))),
+                ..Default::default()
+            }),
+            reports_progress,
+            ..Default::default()
+        };
+        // Batch mode's filter asks without reporting: no ticket, nothing left open.
+        assert_eq!(brain.assign(&request(false), 0).unwrap().ticket, 0);
+        let reply = brain.assign(&request(true), 0).unwrap();
+        assert_ne!(reply.ticket, 0);
+        let in_flight = || {
+            lock(&brain.policy)
+                .snapshot(0)
+                .replicas
+                .iter()
+                .map(|r| r.in_flight)
+                .sum::<u32>()
+        };
+        assert_eq!(in_flight(), 1);
+        let end = pb::ObservationBatch {
+            observations: vec![pb::Observation {
+                shard: reply.shard.clone(),
+                progress: Some(pb::RequestProgress {
+                    ticket: reply.ticket,
+                    phase: pb::request_progress::Phase::End as i32,
+                    status: 200,
+                    elapsed_ms: 5,
+                }),
+                ..Default::default()
+            }],
+            dropped: 0,
+        };
+        brain.observe(&end, 10);
+        assert_eq!(in_flight(), 0);
+        assert_eq!(
+            brain.status(10).observations,
+            0,
+            "a progress report is not an observation"
+        );
     }
 
     #[test]
