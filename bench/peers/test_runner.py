@@ -69,11 +69,17 @@ class RunnerSmoke(unittest.TestCase):
         # Round-robin spreads requests over every replica.
         rr = collections.Counter(r["replica"] for r in runs["envoy-rr"]["records"])
         self.assertEqual(len(rr), 4, rr)
-        # Affinity keeps a prompt group (one application's system prompt) on one replica.
-        by_group = collections.defaultdict(set)
+        # Affinity keeps a prompt group (one application's system prompt) at home: its ring
+        # hash has bounded load (hash_balance_factor 125), so a request whose home replica
+        # is over 1.25x the mean in flight goes to the next one on the ring; most stay.
+        by_group = collections.defaultdict(collections.Counter)
         for r in runs["cohort-affinity"]["records"]:
-            by_group[r["group"]].add(r["replica"])
-        self.assertTrue(all(len(replicas) == 1 for replicas in by_group.values()), dict(by_group))
+            by_group[r["group"]][r["replica"]] += 1
+        at_home = sum(c.most_common(1)[0][1] for c in by_group.values())
+        total = sum(sum(c.values()) for c in by_group.values())
+        print(f"affinity: {at_home} of {total} requests on their group's home replica: {dict(by_group)}")
+        self.assertGreaterEqual(at_home, 0.75 * total, dict(by_group))
+        self.assertTrue(all(len(c) <= 2 for c in by_group.values()), dict(by_group))
         report.write(list(runs.values()), self.out)
         for name in ("results.json", "table.md"):
             self.assertTrue(os.path.exists(os.path.join(self.out, name)), name)
