@@ -24,6 +24,7 @@ use crate::engines::{self, Fleet};
 use crate::front::Front;
 use crate::metrics::{Metrics, Scrape};
 use anyhow::Context as _;
+use axum::serve::ListenerExt as _;
 use brain::Brain;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -94,6 +95,11 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         ));
         let mut stop = stop_rx.clone();
         let router = Arc::clone(&front).router();
+        // TCP_NODELAY: the front relays SSE event by event; with Nagle's algorithm the first
+        // event after the headers would wait for Envoy's delayed ACK (40 ms).
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         front_tasks.push(tokio::spawn(async move {
             let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
                 let _ = stop.wait_for(|s| *s).await;

@@ -11,6 +11,7 @@ use crate::cost::CostModel;
 use crate::replica::Replica;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
 use axum::Router;
 use serde_json::Value;
 use std::future::Future;
@@ -167,6 +168,12 @@ impl BoundSim {
         for (listener, ctx) in self.listeners.into_iter().zip(self.contexts) {
             let mut stop = stop_rx.clone();
             let app = router(ctx);
+            // TCP_NODELAY: a streamed answer is many small writes (headers, then one SSE
+            // event per token); with Nagle's algorithm the first event after the headers
+            // waits for the peer's delayed ACK, 40 ms on Linux.
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             tasks.push(tokio::spawn(async move {
                 axum::serve(listener, app)
                     .with_graceful_shutdown(async move {
