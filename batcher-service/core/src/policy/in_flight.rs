@@ -116,8 +116,13 @@ impl InFlight {
 
     fn unpend(replicas: &mut [ReplicaInFlight], t: &Ticket) {
         let r = &mut replicas[t.replica];
-        r.pending_work = (r.pending_work - t.work).max(0.0);
         r.pending = r.pending.saturating_sub(1);
+        // With nothing pending the sum is exactly 0 (no floating-point residue).
+        r.pending_work = if r.pending == 0 {
+            0.0
+        } else {
+            (r.pending_work - t.work).max(0.0)
+        };
     }
 
     /// The request's first response byte went by, `elapsed_ms` after its decision.
