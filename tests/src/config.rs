@@ -44,6 +44,19 @@ pub fn set_endpoints(config: &mut Value, name: &str, ports: &[u16]) {
     set_priority_endpoints(config, name, 0, ports);
 }
 
+/// Points `istio/envoy/assign.yaml` at the batcher shards on `grpc_ports`
+/// (`cohort-batcher-<i>`) and at the engine replicas on `replicas`: the per-replica clusters
+/// and `all-replicas`.
+pub fn set_assign_endpoints(config: &mut Value, grpc_ports: &[u16], replicas: &[u16]) {
+    for (i, port) in replicas.iter().enumerate() {
+        set_endpoints(config, &format!("replica-{i}"), &[*port]);
+    }
+    set_endpoints(config, "all-replicas", replicas);
+    for (i, port) in grpc_ports.iter().enumerate() {
+        set_endpoints(config, &format!("cohort-batcher-{i}"), &[*port]);
+    }
+}
+
 /// Points `istio/envoy/batch.yaml` at one batcher shard (its gRPC port and its front) and
 /// at the engine replicas on `replicas`: the per-replica clusters, `all-replicas`, and the
 /// front's fallback (its priority-1 endpoints).

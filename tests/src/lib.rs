@@ -70,6 +70,19 @@ pub fn free_port() -> u16 {
 /// Serialises the tests of one test binary that take the whole machine (load at
 /// saturation, real engines, latency claims): hold the guard for the test's duration.
 /// Tests in a binary otherwise run in parallel, one per core.
+/// Waits until `check` holds or `timeout` passes (polling every 50 ms); returns whether it
+/// held.
+pub fn eventually(timeout: std::time::Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    check()
+}
+
 pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     ONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

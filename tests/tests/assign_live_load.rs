@@ -16,12 +16,12 @@
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::post_json;
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
+use cohort_tests::config::{self, set_assign_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::upstream::Upstream;
-use cohort_tests::{free_port, one_at_a_time};
+use cohort_tests::{eventually, free_port, one_at_a_time};
 use serde_json::json;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CHAT: &str = "/v1/chat/completions";
 const REPLICAS: [&str; 3] = ["replica-0", "replica-1", "replica-2"];
@@ -59,12 +59,8 @@ fn stack_with(probed: bool) -> Stack {
     let mut config = config::load("assign");
     let (admin, listen) = (free_port(), free_port());
     set_ports(&mut config, admin, listen);
-    for (i, replica) in replicas.iter().enumerate() {
-        set_endpoints(&mut config, &format!("replica-{i}"), &[replica.port]);
-    }
     let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
-    set_endpoints(&mut config, "all-replicas", &ports);
-    set_endpoints(&mut config, "cohort-batcher-0", &[batcher.spec.grpc_port]);
+    set_assign_endpoints(&mut config, &[batcher.spec.grpc_port], &ports);
     set_filter(
         &mut config,
         &json!({"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]})
@@ -104,17 +100,6 @@ fn index(replica: &str) -> usize {
 
 fn upstream<'a>(stack: &'a Stack, replica: &str) -> &'a Upstream {
     stack.replicas[index(replica)].as_ref().unwrap()
-}
-
-fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    check()
 }
 
 #[test]

@@ -18,10 +18,10 @@ use cohort_fingerprint::shard::{jump_hash, shard_key, SHARD_KEY_DEPTH};
 use cohort_fingerprint::{fingerprint, Request};
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, Response};
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
+use cohort_tests::config::{self, set_assign_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::upstream::Upstream;
-use cohort_tests::{free_port, one_at_a_time};
+use cohort_tests::{eventually, free_port, one_at_a_time};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,18 +57,9 @@ fn stack(shards: usize) -> Stack {
     let mut config = config::load("assign");
     let (admin, listen) = (free_port(), free_port());
     set_ports(&mut config, admin, listen);
-    for (i, replica) in replicas.iter().enumerate() {
-        set_endpoints(&mut config, &format!("replica-{i}"), &[replica.port]);
-    }
     let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
-    set_endpoints(&mut config, "all-replicas", &ports);
-    for (i, batcher) in batchers.iter().enumerate() {
-        set_endpoints(
-            &mut config,
-            &format!("cohort-batcher-{i}"),
-            &[batcher.spec.grpc_port],
-        );
-    }
+    let grpc: Vec<u16> = batchers.iter().map(|b| b.spec.grpc_port).collect();
+    set_assign_endpoints(&mut config, &grpc, &ports);
     let clusters: Vec<String> = (0..shards).map(|i| format!("cohort-batcher-{i}")).collect();
     set_filter(
         &mut config,
@@ -116,18 +107,6 @@ fn shard_of(i: usize, shards: u32) -> usize {
 
 fn send(envoy: &Envoy, i: usize) -> Response {
     post_json(envoy.listen_port, CHAT, &[], &body(i))
-}
-
-/// Waits until `check` holds or `timeout` passes; returns whether it held.
-fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    check()
 }
 
 /// Load from `threads` clients until `stop`; every response and its latency.
