@@ -6,7 +6,9 @@
 //! - vLLM members carry their tenant's `cache_salt`, and a LoRA adapter is loaded on the
 //!   replica before the first request that needs it, once;
 //! - a body the front cannot parse goes to an engine byte for byte (marked `direct`);
-//! - an unreachable replica's requests fail over to a live one; none fails.
+//! - an unreachable replica's requests fail over to a live one; none fails;
+//! - a request joins its cohort's batch (and is held for the leader) only when it shares
+//!   `batch.min_shared` of its prompt with the leader; otherwise it goes alone, at once.
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::post_json;
@@ -124,6 +126,79 @@ fn vllm_members_carry_their_tenant_salt_and_their_adapter_is_loaded_once() {
     }
     assert_eq!(batcher.metric("cohort_lora_loads_total"), 1.0);
     std::fs::remove_file(config).unwrap();
+}
+
+/// A leader held at its engine for 600 ms, then, inside its window, a request of the same
+/// cohort (same system prompt) that shares most of its prompt and one that brings 3 KB of
+/// its own: what `x-cohort-batch` each gets, under `batch.min_shared` = `min_shared`.
+fn roles_under_min_shared(min_shared: &str) -> (Vec<String>, Batcher) {
+    let upstreams = [Upstream::start("replica-0"), Upstream::start("replica-1")];
+    for upstream in &upstreams {
+        upstream.set_delay(Duration::from_millis(600));
+    }
+    let config = std::env::temp_dir().join(format!(
+        "cohort-min-shared-{}-{min_shared}.toml",
+        std::process::id()
+    ));
+    std::fs::write(&config, format!("[batch]\nmin_shared = {min_shared}\n")).unwrap();
+    let replicas: Vec<String> = upstreams
+        .iter()
+        .map(|u| format!("{}=openai+http://127.0.0.1:{}", u.name, u.port))
+        .collect();
+    let batcher = front(
+        &replicas,
+        vec!["--config".into(), config.to_string_lossy().into_owned()],
+    );
+    let port = batcher.spec.front_port.unwrap();
+    // One block of system prompt (256 B), then the user turn.
+    let system = "You answer questions about our invoices. ".repeat(7);
+    let body = |user: &str| {
+        serde_json::to_vec(&json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": user},
+            ],
+        }))
+        .unwrap()
+    };
+    let leader = body("Which tables hold the invoices?");
+    let close = body("Which tables hold the credit notes?");
+    let long = body(&"Here is my whole ledger, line after line of it. ".repeat(64));
+    let roles = std::thread::scope(|scope| {
+        let first = scope.spawn(|| post_json(port, CHAT, &[], &leader));
+        std::thread::sleep(Duration::from_millis(60));
+        let others = [&close, &long].map(|b| scope.spawn(move || post_json(port, CHAT, &[], b)));
+        let mut roles = vec![first.join().unwrap()];
+        roles.extend(others.map(|t| t.join().unwrap()));
+        roles
+            .into_iter()
+            .map(|r| {
+                assert_eq!(r.status, 200, "{}", r.text());
+                let tag = r.header("x-cohort-batch").unwrap();
+                tag.split(';').next().unwrap().to_owned()
+            })
+            .collect()
+    });
+    std::fs::remove_file(config).unwrap();
+    (roles, batcher)
+}
+
+#[test]
+fn a_request_joins_its_cohorts_batch_only_when_it_shares_enough_of_its_prompt() {
+    let (roles, batcher) = roles_under_min_shared("0.5");
+    assert_eq!(roles, ["leader", "follower", "direct"]);
+    assert_eq!(
+        batcher.metric("cohort_front_direct_total{reason=\"unshared\"}"),
+        1.0
+    );
+    // The knob at 0: whatever shares the key joins, and is held.
+    let (roles, batcher) = roles_under_min_shared("0");
+    assert_eq!(roles, ["leader", "follower", "follower"]);
+    assert_eq!(
+        batcher.metric("cohort_front_direct_total{reason=\"unshared\"}"),
+        0.0
+    );
 }
 
 #[test]

@@ -18,6 +18,14 @@
 //!   and collapses to nothing when nothing shares the prefix. On slot-pinned engines it does
 //!   not stretch: there a leader without a first byte is usually queued behind its own
 //!   cohort, and joining it would only lengthen that queue.
+//! - A joiner must share enough of its prompt with the leader for the hold to pay
+//!   (`min_shared`, measured on the prefix block hashes): the key that groups a cohort is
+//!   the system prompt or, for bare prompts, the intent, and an intent or a short system
+//!   prompt in front of a long conversation shares little. Waiting for a leader's whole
+//!   prefill to save a few blocks costs more than it saves, and pinning such requests to
+//!   the leader's replica piles one cohort's traffic onto one engine. A request that shares
+//!   too little goes **alone**, at once, where its own routing hint says (the batcher's
+//!   load-aware choice); the open batch stays open for those that do share.
 //! - Joiners are **followers**, up to `max_batch` members (`max_batch_pressured` while the
 //!   replica reports KV-cache pressure; `max_batch_same_slot` on slot-pinned engines, whose
 //!   members run one after another rather than together). Beyond that a new batch starts
@@ -46,6 +54,10 @@ pub struct BatchConfig {
     /// sequence: lower it to bound that chain (a lower cap measured worse on a CPU
     /// llama.cpp, where the next batch then recomputes the prefix; see docs/BENCH-BATCH.md).
     pub max_batch_same_slot: usize,
+    /// The least share of a request's prompt (bytes in prefix blocks equal to the
+    /// leader's, over its prompt's bytes) for it to join its cohort's batch; 0 joins
+    /// whatever it shares.
+    pub min_shared: f64,
 }
 
 impl Default for BatchConfig {
@@ -56,7 +68,29 @@ impl Default for BatchConfig {
             max_batch: 16,
             max_batch_pressured: 8,
             max_batch_same_slot: 16,
+            min_shared: 0.5,
         }
+    }
+}
+
+/// What the table needs to know about a request's prompt: the chained hashes of its
+/// prefix blocks ([`cohort_fingerprint::prefix::block_hashes`]) and its length.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptShape<'a> {
+    pub blocks: &'a [u64],
+    pub bytes: usize,
+}
+
+impl PromptShape<'_> {
+    /// The share of this prompt's bytes in the leading blocks it has in common with
+    /// `leader` (the last, partial block counts only when the prompts are identical).
+    pub fn shared_with(&self, leader: &[u64]) -> f64 {
+        if self.bytes == 0 {
+            return 1.0;
+        }
+        let blocks = cohort_fingerprint::prefix::common_prefix_blocks(self.blocks, leader);
+        (blocks * cohort_fingerprint::prefix::BLOCK_BYTES).min(self.bytes) as f64
+            / self.bytes as f64
     }
 }
 
@@ -84,7 +118,7 @@ pub enum Release {
 pub type BatchId = u64;
 
 /// What the front does with a request it admitted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Admission {
     /// Send now; it opens `batch`.
     Lead { batch: BatchId, replica: usize },
@@ -95,20 +129,9 @@ pub enum Admission {
         replica: usize,
         position: usize,
     },
-}
-
-impl Admission {
-    pub fn batch(&self) -> BatchId {
-        match *self {
-            Admission::Lead { batch, .. } | Admission::Follow { batch, .. } => batch,
-        }
-    }
-
-    pub fn replica(&self) -> usize {
-        match *self {
-            Admission::Lead { replica, .. } | Admission::Follow { replica, .. } => replica,
-        }
-    }
+    /// Send now, on its own: its cohort has an open batch, but the request shares less
+    /// than `min_shared` of its prompt with that batch's leader (`shared`).
+    Alone { shared: f64 },
 }
 
 #[derive(Debug)]
@@ -120,6 +143,8 @@ struct OpenBatch {
     leader_prefilled: bool,
     /// The window stretches while the leader prefills (not on slot-pinned engines).
     stretches: bool,
+    /// The leader's prefix block hashes, which joiners are compared with.
+    leader_blocks: Vec<u64>,
 }
 
 impl OpenBatch {
@@ -151,11 +176,13 @@ impl BatchTable {
         &self.config
     }
 
-    /// Admits a request of `cohort`. `choose_replica` is asked only when a new batch opens
-    /// (followers go where their leader went); `traits` describes a replica.
+    /// Admits a request of `cohort` whose prompt is `prompt`. `choose_replica` is asked
+    /// only when a new batch opens (followers go where their leader went); `traits`
+    /// describes a replica.
     pub fn admit(
         &mut self,
         cohort: u64,
+        prompt: PromptShape<'_>,
         now_ms: u64,
         choose_replica: impl FnOnce() -> usize,
         traits: impl Fn(usize) -> ReplicaTraits,
@@ -171,6 +198,10 @@ impl BatchTable {
                 config.max_batch
             };
             if batch.joinable(now_ms, &config) && batch.members < limit.max(1) {
+                let shared = prompt.shared_with(&batch.leader_blocks);
+                if shared < config.min_shared {
+                    return Admission::Alone { shared };
+                }
                 batch.members += 1;
                 return Admission::Follow {
                     batch: batch.id,
@@ -191,6 +222,7 @@ impl BatchTable {
                 members: 1,
                 leader_prefilled: false,
                 stretches: traits(replica).release == Release::AfterLeaderPrefill,
+                leader_blocks: prompt.blocks.to_vec(),
             },
         );
         Admission::Lead { batch: id, replica }
@@ -328,6 +360,7 @@ impl SlotTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cohort_fingerprint::prefix::BLOCK_BYTES;
 
     const SHARED: ReplicaTraits = ReplicaTraits {
         pressured: false,
@@ -342,6 +375,13 @@ mod tests {
         release: Release::SameSlot,
     };
 
+    /// A prompt of three full blocks: what every member of a cohort sends below, unless
+    /// a test says otherwise.
+    const SAME: PromptShape<'static> = PromptShape {
+        blocks: &[11, 12, 13],
+        bytes: 3 * BLOCK_BYTES,
+    };
+
     fn table() -> BatchTable {
         BatchTable::new(BatchConfig {
             window_ms: 150,
@@ -349,13 +389,14 @@ mod tests {
             max_batch: 3,
             max_batch_pressured: 2,
             max_batch_same_slot: 2,
+            min_shared: 0.5,
         })
     }
 
     #[test]
     fn a_lone_request_leads_and_is_not_held() {
         let mut t = table();
-        let a = t.admit(7, 0, || 2, |_| SHARED);
+        let a = t.admit(7, SAME, 0, || 2, |_| SHARED);
         assert_eq!(
             a,
             Admission::Lead {
@@ -365,15 +406,21 @@ mod tests {
         );
         // 1 req/s: each one is alone in its window and leads again.
         t.leader_prefilled(7, 1);
-        let b = t.admit(7, 1_000, || 0, |_| SHARED);
+        let b = t.admit(7, SAME, 1_000, || 0, |_| SHARED);
         assert!(matches!(b, Admission::Lead { replica: 0, .. }));
     }
 
     #[test]
     fn joiners_follow_to_the_leaders_replica_up_to_max_batch() {
         let mut t = table();
-        t.admit(7, 0, || 1, |_| SHARED);
-        let f1 = t.admit(7, 10, || panic!("followers reuse the replica"), |_| SHARED);
+        t.admit(7, SAME, 0, || 1, |_| SHARED);
+        let f1 = t.admit(
+            7,
+            SAME,
+            10,
+            || panic!("followers reuse the replica"),
+            |_| SHARED,
+        );
         assert_eq!(
             f1,
             Admission::Follow {
@@ -382,10 +429,10 @@ mod tests {
                 position: 1
             }
         );
-        let f2 = t.admit(7, 20, || 0, |_| SHARED);
+        let f2 = t.admit(7, SAME, 20, || 0, |_| SHARED);
         assert!(matches!(f2, Admission::Follow { position: 2, .. }));
         // The batch is full (3): the next one leads a new batch.
-        let l2 = t.admit(7, 30, || 0, |_| SHARED);
+        let l2 = t.admit(7, SAME, 30, || 0, |_| SHARED);
         assert!(matches!(
             l2,
             Admission::Lead {
@@ -395,7 +442,7 @@ mod tests {
         ));
         // Other cohorts are independent.
         assert!(matches!(
-            t.admit(8, 30, || 2, |_| SHARED),
+            t.admit(8, SAME, 30, || 2, |_| SHARED),
             Admission::Lead { .. }
         ));
     }
@@ -403,22 +450,22 @@ mod tests {
     #[test]
     fn the_window_stretches_while_the_leader_computes_its_prompt() {
         let mut t = table();
-        t.admit(7, 0, || 0, |_| SHARED);
+        t.admit(7, SAME, 0, || 0, |_| SHARED);
         // Past the 150 ms window, but the leader has not produced a byte yet.
         assert!(matches!(
-            t.admit(7, 600, || 1, |_| SHARED),
+            t.admit(7, SAME, 600, || 1, |_| SHARED),
             Admission::Follow { .. }
         ));
         t.leader_prefilled(7, 1);
         assert!(matches!(
-            t.admit(7, 700, || 1, |_| SHARED),
+            t.admit(7, SAME, 700, || 1, |_| SHARED),
             Admission::Lead { .. }
         ));
         // And never beyond max_hold_ms.
         let mut t = table();
-        t.admit(7, 0, || 0, |_| SHARED);
+        t.admit(7, SAME, 0, || 0, |_| SHARED);
         assert!(matches!(
-            t.admit(7, 1_001, || 1, |_| SHARED),
+            t.admit(7, SAME, 1_001, || 1, |_| SHARED),
             Admission::Lead { .. }
         ));
     }
@@ -426,33 +473,97 @@ mod tests {
     #[test]
     fn slot_pinned_engines_neither_stretch_nor_chain_long() {
         let mut t = table();
-        t.admit(7, 0, || 0, |_| SLOTS);
+        t.admit(7, SAME, 0, || 0, |_| SLOTS);
         assert!(matches!(
-            t.admit(7, 100, || 0, |_| SLOTS),
+            t.admit(7, SAME, 100, || 0, |_| SLOTS),
             Admission::Follow { .. }
         ));
         // Full at 2 on a slot-pinned engine.
         assert!(matches!(
-            t.admit(7, 110, || 0, |_| SLOTS),
+            t.admit(7, SAME, 110, || 0, |_| SLOTS),
             Admission::Lead { batch: 2, .. }
         ));
         // Past the window with no first byte: a new batch (no stretch).
         assert!(matches!(
-            t.admit(7, 300, || 0, |_| SLOTS),
+            t.admit(7, SAME, 300, || 0, |_| SLOTS),
             Admission::Lead { batch: 3, .. }
         ));
     }
 
     #[test]
+    fn a_joiner_that_shares_too_little_goes_alone_and_leaves_the_batch_open() {
+        let mut t = table();
+        t.admit(7, SAME, 0, || 1, |_| SHARED);
+        // One common block of four (a short system prompt before a long conversation).
+        let long = PromptShape {
+            blocks: &[11, 21, 22, 23],
+            bytes: 4 * BLOCK_BYTES,
+        };
+        match t.admit(
+            7,
+            long,
+            10,
+            || panic!("alone uses its own hint"),
+            |_| SHARED,
+        ) {
+            Admission::Alone { shared } => assert_eq!(shared, 0.25),
+            other => panic!("{other:?}"),
+        }
+        // Two of three blocks and a partial fourth: 512 of 700 bytes shared, it joins.
+        let close = PromptShape {
+            blocks: &[11, 12, 31],
+            bytes: 2 * BLOCK_BYTES + 188,
+        };
+        assert!(matches!(
+            t.admit(7, close, 20, || 0, |_| SHARED),
+            Admission::Follow {
+                batch: 1,
+                position: 1,
+                ..
+            }
+        ));
+        // The knob at 0 joins whatever is shared, as before it existed.
+        let mut all = BatchTable::new(BatchConfig {
+            min_shared: 0.0,
+            ..*table().config()
+        });
+        all.admit(7, SAME, 0, || 1, |_| SHARED);
+        assert!(matches!(
+            all.admit(7, long, 10, || 0, |_| SHARED),
+            Admission::Follow { .. }
+        ));
+    }
+
+    #[test]
+    fn shares_are_measured_in_bytes_of_common_blocks() {
+        let a = PromptShape {
+            blocks: &[1, 2, 3],
+            bytes: 600,
+        };
+        assert_eq!(a.shared_with(&[1, 2, 3]), 1.0, "identical prompts");
+        assert_eq!(a.shared_with(&[1, 2, 4]), 512.0 / 600.0);
+        assert_eq!(a.shared_with(&[9]), 0.0);
+        let empty = PromptShape {
+            blocks: &[],
+            bytes: 0,
+        };
+        assert_eq!(
+            empty.shared_with(&[1]),
+            1.0,
+            "an empty prompt has nothing to lose"
+        );
+    }
+
+    #[test]
     fn pressure_halves_the_batch() {
         let mut t = table();
-        t.admit(7, 0, || 0, |_| PRESSURED);
+        t.admit(7, SAME, 0, || 0, |_| PRESSURED);
         assert!(matches!(
-            t.admit(7, 1, || 0, |_| PRESSURED),
+            t.admit(7, SAME, 1, || 0, |_| PRESSURED),
             Admission::Follow { .. }
         ));
         assert!(matches!(
-            t.admit(7, 2, || 0, |_| PRESSURED),
+            t.admit(7, SAME, 2, || 0, |_| PRESSURED),
             Admission::Lead { .. }
         ));
     }
@@ -460,8 +571,8 @@ mod tests {
     #[test]
     fn expire_forgets_closed_batches_only() {
         let mut t = table();
-        t.admit(1, 0, || 0, |_| SHARED);
-        t.admit(2, 0, || 0, |_| SHARED);
+        t.admit(1, SAME, 0, || 0, |_| SHARED);
+        t.admit(2, SAME, 0, || 0, |_| SHARED);
         t.leader_prefilled(1, 1);
         t.expire(200);
         assert_eq!(t.open_batches(), 1, "cohort 2's leader is still computing");

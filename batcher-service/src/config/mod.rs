@@ -18,6 +18,7 @@
 //! listen = "0.0.0.0:8000"
 //! window_ms = 150
 //! max_batch = 16
+//! min_shared = 0.5                # joins a batch only sharing ≥ half its prompt with the leader
 //!
 //! [prefetch]
 //! horizon_ms = 3200

@@ -73,6 +73,9 @@ pub struct BatchSection {
     pub max_batch_pressured: usize,
     /// Members per batch on slot-pinned engines (llama.cpp), which run them in sequence.
     pub max_batch_same_slot: usize,
+    /// The least share of its prompt a request must have in common with its batch's
+    /// leader (prefix blocks) to join it and be held; below, it goes on alone (0–1).
+    pub min_shared: f64,
     /// KV-cache usage (0–1, from engine metrics) that counts as memory pressure.
     pub kv_pressure: f64,
     /// Followers held at once, all cohorts; beyond, requests are sent on directly.
@@ -93,6 +96,7 @@ impl Default for BatchSection {
             max_batch: core.max_batch,
             max_batch_pressured: core.max_batch_pressured,
             max_batch_same_slot: core.max_batch_same_slot,
+            min_shared: core.min_shared,
             kv_pressure: 0.9,
             max_held: 1024,
             max_body_bytes: cohort_fingerprint::DEFAULT_MAX_BODY_BYTES,

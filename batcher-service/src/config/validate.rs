@@ -128,6 +128,12 @@ impl ServeConfig {
                 "max_batch_same_slot must be at least 1".to_owned(),
             ));
         }
+        if !(0.0..=1.0).contains(&b.min_shared) {
+            return Err(ConfigError::Batch(format!(
+                "min_shared must be within 0–1, got {}",
+                b.min_shared
+            )));
+        }
         if !(0.0..=1.0).contains(&b.kv_pressure) {
             return Err(ConfigError::Batch(format!(
                 "kv_pressure must be within 0–1, got {}",

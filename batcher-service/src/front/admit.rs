@@ -3,7 +3,9 @@
 //! holding the LoRA adapter it needs, else its hint's first healthy replica) and goes at
 //! once; followers go to the leader's replica, pinned to the leader's slot on llama.cpp
 //! or held until the leader's first byte on engines with a shared prefix cache (at most
-//! `max_hold_ms`; beyond `max_held` held followers, a request goes on directly).
+//! `max_hold_ms`; beyond `max_held` held followers, a request goes on directly). A
+//! request that shares too little of its prompt with its batch's leader
+//! (`batch.min_shared`) goes on alone, to its own hint, at once.
 
 use super::dispatch::{Dispatch, SendBody};
 use super::parse::Parsed;
@@ -62,6 +64,7 @@ impl Front {
             let mut used_warmup = false;
             let admission = lock(&self.batches).admit(
                 cohort,
+                parsed.shape(),
                 now,
                 || {
                     if let Some(r) = warmed.filter(|&r| self.engines[r].is_healthy()) {
@@ -90,6 +93,21 @@ impl Front {
             }
             (Admission::Follow { batch, replica, .. }, _) => {
                 self.follow(parsed, batch, replica, &headers).await
+            }
+            (Admission::Alone { .. }, _) => {
+                self.stats.direct(Direct::Unshared);
+                let send = Dispatch {
+                    api: parsed.api,
+                    replica: self.engines.healthy_from(parsed.hint),
+                    slot: None,
+                    salt: parsed.salt,
+                    body: SendBody::Json(parsed.body),
+                    role: "direct",
+                    leads: None,
+                    received: parsed.received,
+                    warm_after: None,
+                };
+                self.send(send, &headers).await
             }
         }
     }

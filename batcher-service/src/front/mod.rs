@@ -120,6 +120,7 @@ impl Front {
                 max_batch: b.max_batch,
                 max_batch_pressured: b.max_batch_pressured,
                 max_batch_same_slot: b.max_batch_same_slot,
+                min_shared: b.min_shared,
             })),
             slots: Mutex::new(SlotTable::new(&slots)),
             states: Mutex::new(HashMap::new()),

@@ -1,11 +1,13 @@
 //! What the front reads of a request before admitting it: its cohort (the filter's
 //! `x-cohort-key`, or the front's own fingerprint of the body when a client calls the
 //! front directly), the replica hint (`x-cohort-shard`, else the cohort's jump hash), the
-//! tenant and session that the predictor learns under, the prefetch level and the
-//! engine cache salt.
+//! tenant and session that the predictor learns under, the prefetch level, the engine
+//! cache salt, and the prompt's prefix blocks (which decide whether joining its cohort's
+//! batch pays, [`cohort_batcher_core::batch::PromptShape`]).
 
 use super::Front;
 use axum::http::HeaderMap;
+use cohort_batcher_core::batch::PromptShape;
 use cohort_batcher_core::engines::{cache_salt, FrontApi};
 use cohort_batcher_core::predict::PrefetchLevel;
 use cohort_fingerprint::shard::jump_hash;
@@ -24,6 +26,20 @@ pub(super) struct Parsed {
     pub context: u64,
     pub level: PrefetchLevel,
     pub received: Instant,
+    /// Chained hashes of the canonical prompt's blocks; empty when the fingerprint cannot
+    /// read the body (then it joins its batch whatever it shares, as the key says).
+    pub blocks: Vec<u64>,
+    /// Bytes of the canonical prompt.
+    pub prompt_bytes: usize,
+}
+
+impl Parsed {
+    pub fn shape(&self) -> PromptShape<'_> {
+        PromptShape {
+            blocks: &self.blocks,
+            bytes: self.prompt_bytes,
+        }
+    }
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -42,19 +58,25 @@ impl Front {
     pub(super) fn parse(&self, api: FrontApi, headers: &HeaderMap, body: &[u8]) -> Option<Parsed> {
         let map: Map<String, Value> = serde_json::from_slice(body).ok()?;
         let tenant = header(headers, "x-cohort-tenant").map(str::to_owned);
-        let cohort =
+        let salt = cohort_fingerprint::TenantSalt::new(b"", tenant.as_deref());
+        let (cohort, blocks, prompt_bytes) =
             match header(headers, "x-cohort-key").and_then(|k| u64::from_str_radix(k, 16).ok()) {
-                Some(key) => key,
+                Some(key) => match cohort_fingerprint::api::parse_request(body, Some(api.path())) {
+                    Ok(prompt) => (
+                        key,
+                        cohort_fingerprint::prefix::block_hashes(prompt.bytes(), salt.0),
+                        prompt.bytes().len(),
+                    ),
+                    Err(_) => (key, Vec::new(), 0),
+                },
                 None => {
                     let request = cohort_fingerprint::Request {
                         path: Some(api.path()),
-                        salt: cohort_fingerprint::TenantSalt::new(b"", tenant.as_deref()),
+                        salt,
                         ..cohort_fingerprint::Request::new(body)
                     };
-                    cohort_fingerprint::fingerprint(&request)
-                        .ok()?
-                        .routing_key
-                        .0
+                    let fp = cohort_fingerprint::fingerprint(&request).ok()?;
+                    (fp.routing_key.0, fp.prefix_blocks, fp.prompt_bytes)
                 }
             };
         let hint = header(headers, "x-cohort-shard")
@@ -79,6 +101,8 @@ impl Front {
             context,
             level,
             received: Instant::now(),
+            blocks,
+            prompt_bytes,
         })
     }
 }

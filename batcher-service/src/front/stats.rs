@@ -13,6 +13,8 @@ pub enum Direct {
     Unparsed,
     /// Too many followers held already (backpressure).
     Overflow,
+    /// It shares less than `batch.min_shared` of its prompt with its cohort's open batch.
+    Unshared,
 }
 
 #[derive(Default)]
@@ -21,6 +23,7 @@ pub struct FrontStats {
     pub followers: AtomicU64,
     pub direct_unparsed: AtomicU64,
     pub direct_overflow: AtomicU64,
+    pub direct_unshared: AtomicU64,
     /// Requests sent to another replica because theirs was unreachable.
     pub failovers: AtomicU64,
     /// Requests answered 502 because no replica was reachable.
@@ -112,6 +115,7 @@ impl FrontStats {
         match why {
             Direct::Unparsed => &self.direct_unparsed,
             Direct::Overflow => &self.direct_overflow,
+            Direct::Unshared => &self.direct_unshared,
         }
         .fetch_add(1, Ordering::Relaxed);
     }
@@ -129,16 +133,20 @@ impl FrontStats {
             &[
                 ("leader".into(), n(&self.leaders)),
                 ("follower".into(), n(&self.followers)),
-                ("direct".into(), n(&self.direct_unparsed) + n(&self.direct_overflow)),
+                (
+                    "direct".into(),
+                    n(&self.direct_unparsed) + n(&self.direct_overflow) + n(&self.direct_unshared),
+                ),
             ],
         );
         scrape.labelled_counter(
             "cohort_front_direct_total",
-            "Requests sent on without batching, by reason (unparsed body; overflow: hold queue full).",
+            "Requests sent on without batching, by reason (unparsed body; overflow: hold queue full; unshared: too little prompt in common with its batch's leader).",
             "reason",
             &[
                 ("unparsed".into(), n(&self.direct_unparsed)),
                 ("overflow".into(), n(&self.direct_overflow)),
+                ("unshared".into(), n(&self.direct_unshared)),
             ],
         );
         scrape.counter(
