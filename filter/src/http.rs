@@ -176,7 +176,10 @@ impl CohortHttp {
         let shard_index = batcher::shard_index(config, &routing.fingerprint);
         if let (Mode::Assign | Mode::Batch, Some(index)) = (config.mode, shard_index) {
             let now = self.get_current_time();
-            let reports_progress = config.mode == Mode::Assign && config.observe;
+            // Batch mode too: the front sends leaders and lone requests where Assign said,
+            // and followers mostly there as well (they share the leader's prefix), so the
+            // ends Envoy sees keep the batcher's in-flight book as live as in assign mode.
+            let reports_progress = config.observe;
             let request = batcher::assign_request(
                 &plan,
                 &routing.fingerprint,
@@ -341,7 +344,7 @@ impl Context for CohortHttp {
                     cluster = assignment.cluster.clone();
                     headers.push((config.headers.cluster.clone(), assignment.cluster));
                 }
-                if config.mode == Mode::Assign && config.observe && assignment.ticket != 0 {
+                if config.observe && assignment.ticket != 0 {
                     self.progress = Some(Progress {
                         ticket: assignment.ticket,
                         shard: assignment.shard.clone(),

@@ -202,6 +202,34 @@ fn a_burst_of_one_cohort_is_batched_and_followers_reuse_the_leaders_prefix() {
         metric("cohort_front_requests_total{role=\"follower\"}"),
         3.0
     );
+    // Batch mode feeds the live load too: the filter reported each member's first byte and
+    // end under its Assign ticket, and the book is empty again once all have ended.
+    assert!(
+        cohort_tests::eventually(Duration::from_secs(5), || {
+            metric("cohort_progress_reports_total{phase=\"end\"}") == 4.0
+        }),
+        "{}",
+        stack
+            .batcher
+            .metrics()
+            .lines()
+            .filter(|l| l.contains("progress") || l.contains("assign"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(
+        metric("cohort_progress_reports_total{phase=\"first_byte\"}"),
+        4.0
+    );
+    assert_eq!(
+        metric("cohort_progress_reports_total{phase=\"unknown\"}"),
+        0.0
+    );
+    let in_flight: f64 = ["replica-0", "replica-1", "replica-2"]
+        .iter()
+        .map(|r| metric(&format!("cohort_replica_in_flight{{replica=\"{r}\"}}")))
+        .sum();
+    assert_eq!(in_flight, 0.0);
 }
 
 #[test]
