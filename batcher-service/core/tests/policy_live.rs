@@ -173,3 +173,30 @@ fn an_engine_reported_queue_counts_when_the_book_shows_less() {
     assert_eq!(e.replica, a.replica);
     assert_eq!(e.reason, ChoiceReason::Prefix);
 }
+
+#[test]
+fn a_new_conversation_of_an_owned_cohort_goes_by_wait_not_to_its_owner() {
+    // Mooncake's shape: conversations are bare user text of one intent cohort, sharing no
+    // prefix. The cohort's owner has a little queue (well within the 1.2 bound); a new
+    // conversation goes to an idle replica rather than queue there: on live load the
+    // expected wait ranks before ownership (on the estimate the owner would take it).
+    let mut p = policy(4);
+    go_live(&mut p, 0);
+    let conversation = |p: &mut Policy, blocks: &[u64], now_ms| {
+        p.choose(&RouteRequest {
+            blocks,
+            cohort: Some(7),
+            cost: 1000,
+            now_ms,
+            track: true,
+        })
+    };
+    let first = conversation(&mut p, &[1000, 2000], 1);
+    p.first_byte(first.ticket, 10, 11);
+    // A small request that shares the first conversation's prefix queues on the owner.
+    let small = p.choose(&req(&[1000, 2000, 5], 100, 12));
+    assert_eq!(small.replica, first.replica);
+    let next = conversation(&mut p, &[3000, 4000], 13);
+    assert_ne!(next.replica, first.replica, "not behind the owner's queue");
+    assert_eq!(next.reason, ChoiceReason::LeastLoaded);
+}
