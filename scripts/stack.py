@@ -128,7 +128,7 @@ def expand_replicas(text, count):
     """Rewrites a config written for the three default engine ports (8081-8083) for `count`
     replicas, leaving a placeholder (_replica_placeholder(i)) where replica i's port goes:
     every endpoint list of the three becomes a list of `count`; the per-replica route
-    (`assigned-replica-2`) and cluster (`replica-2`) blocks are repeated for replicas 3 and up
+    (`assigned-replica-2`) and cluster (`replica-2`, `failover-replica-2`) blocks are repeated for replicas 3 and up
     (fewer than three replicas: the extra blocks and endpoints are dropped)."""
     if count < 1:
         raise SystemExit("envoy_config: at least one replica")
@@ -146,7 +146,7 @@ def expand_replicas(text, count):
     def block(name):
         return re.compile(r"^(?P<i>[ ]*)- name: " + re.escape(name) + r"\n(?:(?P=i)  .*\n|\n)*", re.M)
 
-    for kind in ("assigned-replica-", "replica-"):
+    for kind in ("assigned-replica-", "failover-replica-", "replica-"):
         last = block(f"{kind}2").search(text)
         if last is None:
             continue

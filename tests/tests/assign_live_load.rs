@@ -9,7 +9,8 @@
 //!   them: a few small prompts are far below its slack);
 //! - a replica that answers 5xx is left out of decisions, also for the prefix it holds;
 //! - with replica URLs (the batcher probes them), a replica that goes away is left out
-//!   after the probe interval: nothing more is assigned to it and every request succeeds.
+//!   after the probe interval: nothing more is assigned to it and every request succeeds,
+//!   also those assigned to it before the probe saw it (Envoy retries them elsewhere).
 //!
 //! Needs `scripts/setup` (Envoy), `scripts/build-wasm` (the filter) and the `cohort`
 //! binary (built by `cargo test --workspace`); `scripts/test` does all three.
@@ -196,6 +197,13 @@ fn a_replica_that_goes_away_gets_nothing_after_the_probe_interval() {
     assert!(eventually(Duration::from_secs(3), || b.metric(&up) == 1.0));
     // The holder goes away (its port refuses connections), with nothing in flight.
     stack.replicas[index(&holder)] = None;
+    // Before the probe sees it, its prefix is still assigned to it: Envoy's retry goes to
+    // another replica (the failover cluster), and the caller sees nothing of it.
+    for q in 20..23 {
+        let (replica, status) = send(&stack.envoy, q);
+        assert_eq!(status, 200, "request {q} right after the kill");
+        assert_ne!(replica, holder);
+    }
     let available = format!("cohort_replica_available{{replica=\"{holder}\"}}");
     assert!(
         eventually(Duration::from_secs(3), || b.metric(&up) == 0.0

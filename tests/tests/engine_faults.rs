@@ -7,7 +7,11 @@
 //!   no replica left a request gets a clean 503 quickly;
 //! - batch mode (`istio/envoy/batch.yaml`, `cohort serve` with its front): the same through
 //!   the front, which fails requests over to the survivor and answers a clean 502 when no
-//!   engine is left.
+//!   engine is left;
+//! - assign mode (`istio/envoy/assign.yaml`, `cohort serve` probing the replicas): requests
+//!   in flight on the dead replica, and those assigned to it before the batcher's probe saw
+//!   it die, are retried on the survivor (the failover cluster); after the probe interval
+//!   nothing more is assigned to it.
 //!
 //! Each needs Envoy's retry policy to pick another host (`previous_hosts`, with enough
 //! host-selection attempts for a ring hash), a retry circuit breaker above Envoy's default
@@ -18,10 +22,12 @@
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, post_stream, Response};
-use cohort_tests::config::{self, set_batch_endpoints, set_endpoints, set_filter, set_ports};
+use cohort_tests::config::{
+    self, set_assign_endpoints, set_batch_endpoints, set_endpoints, set_filter, set_ports,
+};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::llama::Llama;
-use cohort_tests::{free_port, one_at_a_time};
+use cohort_tests::{eventually, free_port, one_at_a_time};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -301,4 +307,82 @@ fn a_replica_killed_under_the_batch_front_fails_nothing_and_new_requests_avoid_i
     assert_eq!(response.status, 502, "{}", response.text());
     assert!(response.text().contains("cohort_engine_unreachable"));
     assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn a_replica_killed_under_assign_mode_fails_nothing_and_is_assigned_nothing_after_the_probe() {
+    // One at a time: each runs two llama.cpp replicas on the two CI cores.
+    let _alone = one_at_a_time();
+    let mut replicas = vec![Some(Llama::start(2)), Some(Llama::start(2))];
+    let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
+    // Replica URLs: the batcher probes them every second (its front listens, unused).
+    let batcher = Batcher::start(BatcherSpec {
+        grpc_port: free_port(),
+        http_port: free_port(),
+        replicas: ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| format!("replica-{i}=http://127.0.0.1:{port}"))
+            .collect(),
+        shard_index: 0,
+        shard_count: 1,
+        front_port: Some(free_port()),
+        extra_args: Vec::new(),
+    });
+    let mut config = config::load("assign");
+    let (admin, listen) = (free_port(), free_port());
+    set_ports(&mut config, admin, listen);
+    set_assign_endpoints(&mut config, &[batcher.spec.grpc_port], &ports);
+    set_filter(
+        &mut config,
+        &json!({"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]})
+            .to_string(),
+    );
+    let envoy = Envoy::start(&config, admin, listen);
+    let port = envoy.listen_port;
+    let metric = |s: &str| batcher.metric(s);
+    let up = |r: usize| metric(&format!("cohort_engine_up{{replica=\"replica-{r}\"}}"));
+    assert!(eventually(Duration::from_secs(5), || up(0) == 1.0 && up(1) == 1.0));
+
+    let (in_flight, victim) = kill_under_load(port, 0, &mut replicas, |_| {
+        // The stream is the only request in flight: its replica is the victim.
+        let in_flight = |r: usize| {
+            metric(&format!(
+                "cohort_replica_in_flight{{replica=\"replica-{r}\"}}"
+            ))
+        };
+        (0..2)
+            .find(|&r| in_flight(r) == 1.0)
+            .expect("the stream is in the book")
+    });
+    let retries = envoy.stat(&format!(
+        "cluster.failover-replica-{victim}.upstream_rq_retry"
+    ));
+    println!(
+        "assign, replica {victim} killed: {} in-flight requests, slowest {:?}; stream cut, ended {:?} after the kill; retries {retries}",
+        in_flight.answers.len(),
+        slowest(&in_flight.answers),
+        in_flight.stream_end_after_kill
+    );
+    assert_in_flight_survived(&in_flight);
+
+    // After the probe interval the dead replica is out of every decision.
+    let available = format!("cohort_replica_available{{replica=\"replica-{victim}\"}}");
+    assert!(eventually(Duration::from_secs(3), || metric(&available) == 0.0));
+    let assigned = format!("cohort_replica_assigned_total{{replica=\"replica-{victim}\"}}");
+    let before = metric(&assigned);
+    for app in 0..APPS {
+        let response = post_json(port, CHAT, &[], &body(app, 2, false));
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+    assert_eq!(
+        metric(&assigned),
+        before,
+        "nothing assigned to the dead replica"
+    );
+    assert_eq!(
+        metric("cohort_assign_total"),
+        (1 + 2 * APPS) as f64,
+        "every request was decided by the batcher"
+    );
 }
