@@ -31,7 +31,7 @@
 //!
 //! [policy]
 //! balance = 1.2                   # a replica takes work while under 1.2 × the mean load
-//! live_slack = 0.0                # (live load) extra wait on a prefix holder, in cold prefills
+//! live_slack = 1.0                # (live load) extra wait on a prefix holder, in cold prefills
 //! kv_blocks_per_replica = 16384   # each replica's prefix cache, in filter blocks (256 B)
 //!
 //! [store]

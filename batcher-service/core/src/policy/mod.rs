@@ -26,9 +26,15 @@
 //!      sent to `r` with no first byte yet (or a fresh engine-reported queue, if longer)
 //!      over `μ_r`. `μ_r` is the fleet's mean service rate learnt from first bytes, or the
 //!      replica's own when that is below half of it (a slow replica). The bound is
-//!      `balance · min_r P_r + live_slack · (c + prefill_base) / μ̄`; `live_slack` (0 by
+//!      `balance · min_r P_r + live_slack · (c + prefill_base) / μ̄`; `live_slack` (1 by
 //!      default) lets a request wait on its prefix's holder up to that many of its own cold
-//!      prefills longer than elsewhere, to keep the prefix in fewer caches;
+//!      prefills longer than elsewhere, to keep the prefix in fewer caches. At 1 a request
+//!      leaves its holder about when the wait it saves exceeds twice the prefill it adds
+//!      to the fleet (its own cold prefill elsewhere, and the prefix then evicting another
+//!      there): the cost to others that a TTFT-greedy rule ignores. At 0 (TTFT-greedy)
+//!      three llama-server replicas sharing two cores (the README demo) spread every
+//!      app's prefix over all of them and cached 1.6× round-robin's tokens with a worse
+//!      p95; at 1, 2.1–2.2× with p50 and p95 both better (docs/BENCHMARKS.md);
 //!    - **estimate** (no reports): `P_r = L_r + u_r + per_request_work`, with `L_r` the
 //!      decaying assigned work ([`load`]); the bound is `balance · mean + balance_slack`,
 //!      `mean = (Σ L + min_r w_r) / replicas`.
@@ -211,7 +217,7 @@ impl Default for PolicyConfig {
             ticket_ttl_ms: 300_000,
             max_tickets: 65_536,
             prefill_base_work: 16.0,
-            live_slack: 0.0,
+            live_slack: 1.0,
             default_rate_per_ms: 1.0,
         }
     }

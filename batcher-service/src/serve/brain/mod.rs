@@ -439,7 +439,7 @@ mod tests {
                 .unwrap()
                 .config()
                 .live_slack,
-            0.0
+            1.0
         );
         config.policy.live_slack = 2.5;
         assert_eq!(
