@@ -1,7 +1,7 @@
-//! Real engines: three llama-server replicas behind real Envoy, once with the Cohort filter
-//! (affinity) and once round-robin, on the same requests (`scripts/demo`, which the README
-//! runs as the live demo). The engines' own `cached_tokens` must show that affinity routing
-//! lets them reuse more of the prompt.
+//! Real engines: three llama-server replicas behind real Envoy, once with Cohort in its
+//! default demo mode (assign: the filter and `cohort serve`) and once round-robin, on the
+//! same requests (`scripts/demo`, which the README runs as the live demo). The engines' own
+//! `cached_tokens` must show that Cohort's routing lets them reuse more of the prompt.
 //!
 //! Needs scripts/setup (Envoy, the filter, llama-server and the model).
 
@@ -10,7 +10,7 @@ use std::process::Command;
 const REQUESTS: u64 = 48;
 
 #[test]
-fn affinity_yields_more_engine_cached_prompt_tokens_than_round_robin() {
+fn the_demo_routing_yields_more_engine_cached_prompt_tokens_than_round_robin() {
     let workspace = cohort_tests::workspace();
     let out = std::env::temp_dir().join(format!("cohort-demo-{}.json", std::process::id()));
     let status = Command::new(workspace.join("scripts/demo"))
@@ -25,7 +25,7 @@ fn affinity_yields_more_engine_cached_prompt_tokens_than_round_robin() {
     std::fs::remove_file(&out).unwrap();
 
     let total = |phase: &str, field: &str| phases[phase]["all"][field].as_u64().unwrap();
-    for phase in ["cohort affinity", "round-robin"] {
+    for phase in ["cohort assign", "round-robin"] {
         assert_eq!(
             total(phase, "requests"),
             REQUESTS,
@@ -37,16 +37,16 @@ fn affinity_yields_more_engine_cached_prompt_tokens_than_round_robin() {
         );
     }
     assert_eq!(
-        total("cohort affinity", "prompt_tokens"),
+        total("cohort assign", "prompt_tokens"),
         total("round-robin", "prompt_tokens")
     );
-    let (affinity, round_robin) = (
-        total("cohort affinity", "cached_tokens"),
+    let (cohort, round_robin) = (
+        total("cohort assign", "cached_tokens"),
         total("round-robin", "cached_tokens"),
     );
-    println!("cached prompt tokens: affinity {affinity}, round-robin {round_robin}");
+    println!("cached prompt tokens: cohort {cohort}, round-robin {round_robin}");
     assert!(
-        affinity > round_robin,
-        "affinity {affinity} cached tokens vs round-robin {round_robin}"
+        cohort > round_robin,
+        "cohort {cohort} cached tokens vs round-robin {round_robin}"
     );
 }
