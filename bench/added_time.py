@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """What the Cohort filter adds to time to first token on large bodies, on a quiet box.
 
-One simulated replica (`cohort engine-sim`), Envoy round-robin and Envoy with the Cohort
-filter (affinity), 60 sequential streamed requests per body size (3, 30, 100 KB). Per
+One simulated replica (`cohort engine-sim`), Envoy round-robin, Envoy with the Cohort filter
+(affinity) and Envoy with the filter asking `cohort serve` (assign), 60 sequential streamed
+requests per body size (3, 30, 100 KB). Per
 config and size it prints the median of (client TTFT - the simulator's own TTFT) and the
 median of Envoy's access-log stages (ms): request received, request sent upstream, first
 response byte, whole exchange.
 
-    .venv/bin/python bench/added_time.py [round-robin] [affinity]
+    .venv/bin/python bench/added_time.py [round-robin] [affinity] [assign]
 
 Needs scripts/setup, scripts/build-wasm and target/release/cohort.
 """
@@ -31,9 +32,19 @@ STAGES = "%REQUEST_DURATION% %REQUEST_TX_DURATION% %RESPONSE_DURATION% %DURATION
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta"]
 
 
+ASSIGN_FILTER = '{"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]}'
+
+
 def start_envoy(name, workdir, ports):
-    """istio/envoy/<name>.yaml with an access log of the stages; returns (proc, listen, log)."""
-    path, admin, listen = stack.envoy_config(name, workdir, ports)
+    """istio/envoy/<name>.yaml with an access log of the stages (for `assign`, with `cohort
+    serve` deciding); returns (procs, listen, log)."""
+    procs, mapping, filter_config = [], {}, None
+    if name == "assign":
+        cohort, cports = stack.start_cohort(workdir, ports, prefix="added", front=False, replica_spec="vllm+")
+        procs.append(cohort)
+        mapping = {50051: cports["grpc"], 50052: cports["grpc"]}
+        filter_config = ASSIGN_FILTER
+    path, admin, listen = stack.envoy_config(name, workdir, ports, ports=mapping, filter_config=filter_config)
     log = os.path.join(workdir, f"{name}-access.log")
     access_log = ("          access_log:\n          - name: envoy.access_loggers.file\n"
                   "            typed_config:\n"
@@ -44,7 +55,8 @@ def start_envoy(name, workdir, ports):
         text = f.read().replace("          stat_prefix: ", access_log + "          stat_prefix: ", 1)
     with open(path, "w") as f:
         f.write(text)
-    return stack.start_envoy(path, admin, os.path.join(workdir, f"{name}-envoy.log")), listen, log
+    procs.append(stack.start_envoy(path, admin, os.path.join(workdir, f"{name}-envoy.log")))
+    return procs, listen, log
 
 
 def body(size, i, rng):
@@ -54,7 +66,7 @@ def body(size, i, rng):
 
 
 def measure(name, workdir, ports):
-    proc, listen, log = start_envoy(name, workdir, ports)
+    procs, listen, log = start_envoy(name, workdir, ports)
     rng = random.Random(1)
     try:
         for size in SIZES:
@@ -66,7 +78,7 @@ def measure(name, workdir, ports):
             print(f"{name:12} {size // 1000:>4} KB  added median {statistics.median(added):6.2f} ms"
                   f"  ({len(added)} of {REQUESTS} ok)")
     finally:
-        stack.stop([proc])
+        stack.stop(procs)
     stages = {}
     with open(log) as f:
         for line in f:
@@ -82,7 +94,7 @@ def measure(name, workdir, ports):
 
 
 def main():
-    names = sys.argv[1:] or ["round-robin", "affinity"]
+    names = sys.argv[1:] or ["round-robin", "affinity", "assign"]
     workdir = tempfile.mkdtemp(prefix="cohort-added-")
     procs, ports = run.start_sim(workdir, 1, 0.003, 20480, "sim")
     try:
