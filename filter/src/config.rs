@@ -23,7 +23,7 @@
 use serde::Deserialize;
 use thiserror::Error;
 
-/// How the filter routes (DESIGN.md, "Modes").
+/// How the filter routes (docs/CONTRACT.md, "Modes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
@@ -48,91 +48,8 @@ impl Mode {
     }
 }
 
-/// Names of the headers the filter reads and writes (DESIGN.md, "Header contract").
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct HeaderNames {
-    pub key: String,
-    pub prefix: String,
-    pub fp: String,
-    /// The version of the sketch in `fp` (sketches of different versions do not compare).
-    pub fp_version: String,
-    pub cluster: String,
-    pub shard: String,
-    /// Batch mode: the index of the batcher shard whose HTTP front should take the
-    /// request (routes match it).
-    pub batch: String,
-    pub bypass: String,
-    pub response: String,
-    pub prefetch: String,
-    pub batch_threshold: String,
-    pub cache_ttl: String,
-    pub semantic_mode: String,
-    pub routing_key: String,
-    pub original_query: String,
-    pub session: String,
-}
-
-impl Default for HeaderNames {
-    fn default() -> Self {
-        use cohort_fingerprint::knobs::header;
-        HeaderNames {
-            key: "x-cohort-key".into(),
-            prefix: "x-cohort-prefix".into(),
-            fp: "x-cohort-fp".into(),
-            fp_version: "x-cohort-fp-version".into(),
-            cluster: "x-cohort-cluster".into(),
-            shard: "x-cohort-shard".into(),
-            batch: "x-cohort-batch".into(),
-            bypass: "x-cohort-bypass".into(),
-            response: "x-cohort".into(),
-            prefetch: header::PREFETCH.into(),
-            batch_threshold: header::BATCH_THRESHOLD.into(),
-            cache_ttl: header::CACHE_TTL.into(),
-            semantic_mode: header::SEMANTIC_MODE.into(),
-            routing_key: header::ROUTING_KEY.into(),
-            original_query: header::ORIGINAL_QUERY.into(),
-            session: header::SESSION.into(),
-        }
-    }
-}
-
-impl HeaderNames {
-    /// Headers only the filter may write: a client's values are removed from every request.
-    pub fn reserved(&self) -> [&str; 8] {
-        [
-            &self.key,
-            &self.prefix,
-            &self.fp,
-            &self.fp_version,
-            &self.cluster,
-            &self.shard,
-            &self.batch,
-            &self.bypass,
-        ]
-    }
-
-    fn all(&self) -> [(&'static str, &str); 16] {
-        [
-            ("key", &self.key),
-            ("prefix", &self.prefix),
-            ("fp", &self.fp),
-            ("fp_version", &self.fp_version),
-            ("cluster", &self.cluster),
-            ("shard", &self.shard),
-            ("batch", &self.batch),
-            ("bypass", &self.bypass),
-            ("response", &self.response),
-            ("prefetch", &self.prefetch),
-            ("batch_threshold", &self.batch_threshold),
-            ("cache_ttl", &self.cache_ttl),
-            ("semantic_mode", &self.semantic_mode),
-            ("routing_key", &self.routing_key),
-            ("original_query", &self.original_query),
-            ("session", &self.session),
-        ]
-    }
-}
+use cohort_fingerprint::headers::HeaderNameError;
+pub use cohort_fingerprint::headers::HeaderNames;
 
 /// The whole plugin configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -181,7 +98,7 @@ impl Default for FilterConfig {
             ]
             .map(String::from)
             .to_vec(),
-            tenant_header: "x-cohort-tenant".into(),
+            tenant_header: cohort_fingerprint::headers::TENANT.into(),
             trust_tenant_header: false,
             salt_secret: String::new(),
             batcher_clusters: Vec::new(),
@@ -204,18 +121,12 @@ pub enum ConfigError {
         min: u64,
         max: u64,
     },
-    #[error("header name for {field} ({value:?}) must be a non-empty lowercase HTTP token")]
-    HeaderName { field: &'static str, value: String },
+    #[error(transparent)]
+    Headers(#[from] HeaderNameError),
     #[error("api_paths must be non-empty, got {0:?}")]
     ApiPaths(Vec<String>),
     #[error("api_paths entry {0:?} can never match: it must start with '/', not end with '/', and contain no '?' or '#' (the query string and a trailing '/' are ignored when matching)")]
     ApiPath(String),
-    #[error("header name {value:?} is configured for both {first} and {second}")]
-    DuplicateHeader {
-        first: &'static str,
-        second: &'static str,
-        value: String,
-    },
     #[error("batcher_clusters entries must be non-empty and distinct, got {0:?}")]
     BatcherClusters(Vec<String>),
     #[error("mode {0} needs at least one entry in batcher_clusters")]
@@ -271,26 +182,7 @@ impl FilterConfig {
         if self.mode != Mode::Affinity && clusters.is_empty() {
             return Err(ConfigError::NoBatcher(self.mode.as_str()));
         }
-        let mut names = self.headers.all().to_vec();
-        names.push(("tenant_header", &self.tenant_header));
-        for (i, &(field, value)) in names.iter().enumerate() {
-            if !is_header_token(value) {
-                return Err(ConfigError::HeaderName {
-                    field,
-                    value: value.to_owned(),
-                });
-            }
-            // One name for two headers would make the filter overwrite, or strip as
-            // spoofed, a header it reads.
-            if let Some(&(first, _)) = names[..i].iter().find(|(_, v)| *v == value) {
-                return Err(ConfigError::DuplicateHeader {
-                    first,
-                    second: field,
-                    value: value.to_owned(),
-                });
-            }
-        }
-        Ok(())
+        Ok(self.headers.validate(&self.tenant_header)?)
     }
 
     /// True when `path` (query string ignored) is one of the LLM API paths.
@@ -314,14 +206,6 @@ fn range(field: &'static str, value: u64, min: u64, max: u64) -> Result<(), Conf
             max,
         })
     }
-}
-
-/// Lowercase RFC 9110 token (Envoy stores header names lowercase).
-fn is_header_token(name: &str) -> bool {
-    !name.is_empty()
-        && name.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
-        })
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! | `x-cohort-cache-ttl` | 300–3600 seconds (`600` or `600s`) | 600 |
 //! | `x-cohort-semantic-mode` | `intent`, `topic`, `hybrid` | `intent` |
 //!
-//! Rule (DESIGN.md, "Failure rules"): a malformed value (not a number, NaN, an unknown
+//! Rule (docs/CONTRACT.md, "Failure rules"): a malformed value (not a number, NaN, an unknown
 //! word) falls back to the default; a well-formed number outside its range is clamped to
 //! the nearest bound. Either way the request proceeds and the knob is reported in
 //! [`ParsedKnobs::invalid`] so the caller can count it. Values are matched after trimming
@@ -26,8 +26,11 @@ pub mod header {
 
 use crate::sketch::SemanticMode;
 
-/// How aggressively to warm predicted cohorts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// How aggressively to warm predicted cohorts: the knob's values, and the batcher's
+/// `prefetch.default_level` (the one prefetch level type; the batcher's core maps each to
+/// what it allows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Prefetch {
     High,
     #[default]
@@ -37,6 +40,17 @@ pub enum Prefetch {
 }
 
 impl Prefetch {
+    /// `high`, `medium`, `low` or `none`, after trimming ASCII whitespace, in any case.
+    pub fn parse(value: &str) -> Option<Prefetch> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "high" => Some(Prefetch::High),
+            "medium" => Some(Prefetch::Medium),
+            "low" => Some(Prefetch::Low),
+            "none" => Some(Prefetch::None),
+            _ => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Prefetch::High => "high",
@@ -49,6 +63,21 @@ impl Prefetch {
 
 pub const BATCH_THRESHOLD_RANGE: (f32, f32) = (0.1, 0.9);
 pub const CACHE_TTL_RANGE_S: (u32, u32) = (300, 3600);
+
+/// A batch threshold as the batcher uses it: clamped to [`BATCH_THRESHOLD_RANGE`], the
+/// default for a value that is not a positive number (an observation without knobs).
+pub fn batch_threshold(value: f32) -> f32 {
+    if value.is_finite() && value > 0.0 {
+        value.clamp(BATCH_THRESHOLD_RANGE.0, BATCH_THRESHOLD_RANGE.1)
+    } else {
+        Knobs::default().batch_threshold
+    }
+}
+
+/// A cache TTL as the batcher uses it: clamped to [`CACHE_TTL_RANGE_S`].
+pub fn cache_ttl_s(value: u32) -> u32 {
+    value.clamp(CACHE_TTL_RANGE_S.0, CACHE_TTL_RANGE_S.1)
+}
 
 /// Effective knob values for one request.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -161,12 +190,9 @@ impl<'a> RawKnobs<'a> {
         let mut report = |knob, problem| parsed.invalid.push(InvalidKnob { knob, problem });
 
         if let Some(raw) = self.prefetch {
-            match raw.trim().to_ascii_lowercase().as_str() {
-                "high" => parsed.knobs.prefetch = Prefetch::High,
-                "medium" => parsed.knobs.prefetch = Prefetch::Medium,
-                "low" => parsed.knobs.prefetch = Prefetch::Low,
-                "none" => parsed.knobs.prefetch = Prefetch::None,
-                _ => report(KnobName::Prefetch, KnobProblem::Malformed),
+            match Prefetch::parse(raw) {
+                Some(level) => parsed.knobs.prefetch = level,
+                None => report(KnobName::Prefetch, KnobProblem::Malformed),
             }
         }
         if let Some(raw) = self.batch_threshold {

@@ -24,6 +24,7 @@ pub mod api;
 mod bert_unicode;
 pub mod canonical;
 pub mod error;
+pub mod headers;
 pub mod json;
 pub mod key;
 pub mod knobs;

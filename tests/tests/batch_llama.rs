@@ -6,17 +6,20 @@
 //!   followers' engine-reported `cached_tokens` cover the shared prefix, and every caller's
 //!   SSE stream arrives whole (role, content, usage, `[DONE]`);
 //! - a caller that hangs up mid-stream cancels only its own member: the others finish;
+//! - callers that hang up while their non-streamed answers are still being generated leave
+//!   nothing behind: the front's in-flight counts and slots go back to zero, and warm-ups,
+//!   which need idle slots, still go out afterwards;
 //! - SIGTERM drains: a request the front accepted is answered in full before it exits.
 //!
 //! Needs `scripts/setup` (Envoy, llama-server and the model), `scripts/build-wasm` and the
 //! `cohort` binary; `scripts/test` provides all of them.
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
-use cohort_tests::client::post_stream;
+use cohort_tests::client::{post_json, post_stream};
 use cohort_tests::config::{self, set_batch_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
-use cohort_tests::free_port;
 use cohort_tests::llama::Llama;
+use cohort_tests::{eventually, free_port};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -269,6 +272,92 @@ fn a_caller_hanging_up_cancels_only_its_own_member() {
     assert_eq!(finished.iter().flatten().count(), 2);
     let cancelled = stack.batcher.metric("cohort_front_cancelled_total");
     assert!(cancelled >= 1.0, "the front saw the hang-up: {cancelled}");
+}
+
+/// A short chat of its own system prompt (one cohort per prompt), not streamed.
+fn plain(system: &str, max_tokens: u32) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "model": "gemma-3-270m",
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Go on."},
+        ],
+        "max_tokens": max_tokens,
+    }))
+    .unwrap()
+}
+
+#[test]
+fn callers_hanging_up_mid_generation_leave_no_count_or_slot_behind() {
+    let stack = stack();
+    let front = stack.batcher.spec.front_port.unwrap();
+    let metric = |s: &str| stack.batcher.metric(s);
+    let summed = |name: &str| -> f64 {
+        (0..3)
+            .map(|r| metric(&format!("{name}{{replica=\"replica-{r}\"}}")))
+            .sum()
+    };
+    let tag = format!("hangup-{}", std::process::id());
+    let (lookup, refund) = (
+        format!("[{tag}] Look up the order."),
+        format!("[{tag}] Refund the order."),
+    );
+    // Two sessions walk lookup → refund: the front learns that refund follows lookup.
+    for session in ["s1", "s2"] {
+        for system in [&lookup, &refund] {
+            let headers = [("x-cohort-session", session), ("x-cohort-prefetch", "high")];
+            let r = post_json(front, CHAT, &headers, &plain(system, 1));
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+    }
+    // Twenty callers of other cohorts hang up while their answers are being generated
+    // (non-streamed: no byte comes back before the end). They also take the slots that
+    // held refund's prefix, so a warm-up of refund is worth sending afterwards.
+    std::thread::scope(|scope| {
+        for i in 0..20 {
+            let body = plain(&format!("[{tag}] Caller {i} writes a long story."), 64);
+            scope.spawn(move || {
+                let mut raw = format!(
+                    "POST {CHAT} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                )
+                .into_bytes();
+                raw.extend_from_slice(&body);
+                let mut conn = std::net::TcpStream::connect(("127.0.0.1", front)).unwrap();
+                std::io::Write::write_all(&mut conn, &raw).unwrap();
+                std::thread::sleep(Duration::from_millis(600));
+                drop(conn);
+            });
+        }
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || summed(
+            "cohort_engine_in_flight"
+        ) == 0.0
+            && summed("cohort_front_slots_busy") == 0.0),
+        "counts left behind: {}",
+        stack
+            .batcher
+            .metrics()
+            .lines()
+            .filter(|l| l.contains("in_flight") || l.contains("slots_busy"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // A third session starts with lookup: refund's warm-up goes out on idle slots.
+    let issued = metric("cohort_prefetch_issued_total");
+    let headers = [("x-cohort-session", "s3"), ("x-cohort-prefetch", "high")];
+    assert_eq!(
+        post_json(front, CHAT, &headers, &plain(&lookup, 1)).status,
+        200
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || metric(
+            "cohort_prefetch_issued_total"
+        ) > issued),
+        "no warm-up after the hang-ups: {}",
+        stack.batcher.metrics()
+    );
 }
 
 #[test]

@@ -16,6 +16,9 @@
 //!   tenant's batch of the same prompt was open at the time;
 //! - out-of-range knobs are clamped, counted in Envoy's stats, and the request still served.
 //!
+//! The same holds when the operator renames the tenant header: the filter's
+//! `tenant_header` and `cohort serve`'s `tenant_header` name it the same (docs/CONTRACT.md).
+//!
 //! The filter's headers are read from a mirror of the front's route (the front does not
 //! pass `x-cohort-*` on to engines).
 
@@ -47,7 +50,9 @@ impl Drop for Stack {
     }
 }
 
-fn stack() -> Stack {
+/// The stack with the tenant carried in `tenant_header` (filter and batcher configured
+/// alike).
+fn stack(tenant_header: &str) -> Stack {
     let engines: Vec<Upstream> = (0..3)
         .map(|i| Upstream::start(&format!("replica-{i}")))
         .collect();
@@ -55,11 +60,15 @@ fn stack() -> Stack {
     // A long joining window, so every request of the test arrives while both tenants'
     // batches are open even on a slow machine: sharing a batch is then possible, and only
     // isolation prevents it.
-    let config_file =
-        std::env::temp_dir().join(format!("cohort-tenants-{}.toml", std::process::id()));
+    let config_file = std::env::temp_dir().join(format!(
+        "cohort-tenants-{}-{tenant_header}.toml",
+        std::process::id()
+    ));
     std::fs::write(
         &config_file,
-        "[batch]\nwindow_ms = 10000\nmax_hold_ms = 10000\n",
+        format!(
+            "tenant_header = \"{tenant_header}\"\n[batch]\nwindow_ms = 10000\nmax_hold_ms = 10000\n"
+        ),
     )
     .unwrap();
     let batcher = Batcher::start(BatcherSpec {
@@ -98,6 +107,7 @@ fn stack() -> Stack {
             "assign_deadline_ms": 2000,
             "batcher_clusters": ["cohort-batcher-0"],
             "trust_tenant_header": true,
+            "tenant_header": tenant_header,
             "salt_secret": SECRET,
         })
         .to_string(),
@@ -192,7 +202,16 @@ fn is_hex(value: &str, digits: usize) -> bool {
 
 #[test]
 fn two_tenants_with_one_prompt_get_their_own_keys_cohorts_salts_and_batches() {
-    let stack = stack();
+    isolated_under("x-cohort-tenant");
+}
+
+#[test]
+fn a_renamed_tenant_header_isolates_tenants_the_same() {
+    isolated_under("x-org-id");
+}
+
+fn isolated_under(tenant_header: &str) {
+    let stack = stack(tenant_header);
     let body = body();
     // Interleaved: a0 b0 a1 b1 a2 b2. The third round carries out-of-range knobs.
     let mut sent = Vec::new();
@@ -201,7 +220,7 @@ fn two_tenants_with_one_prompt_get_their_own_keys_cohorts_salts_and_batches() {
             let id = format!("{tenant}-{round}");
             // No warm-ups: the engines then see only the test's own requests.
             let mut headers = vec![
-                ("x-cohort-tenant", tenant),
+                (tenant_header, tenant),
                 ("x-test-id", id.as_str()),
                 ("x-cohort-prefetch", "none"),
             ];
@@ -236,14 +255,14 @@ fn two_tenants_with_one_prompt_get_their_own_keys_cohorts_salts_and_batches() {
 
     // The tenant the filter handed on is the one the mesh established.
     for s in &seen {
-        assert_eq!(s.front_header("x-cohort-tenant"), s.tenant);
+        assert_eq!(s.front_header(tenant_header), s.tenant);
         assert_eq!(s.front_header("x-cohort-batch"), "0");
         assert!(
             s.at_engine
                 .headers
                 .iter()
-                .all(|(n, _)| !n.starts_with("x-cohort-")),
-            "the front passes no x-cohort-* header to the engine: {:?}",
+                .all(|(n, _)| !n.starts_with("x-cohort-") && n != tenant_header),
+            "the front passes no x-cohort-* header, nor the tenant's, to the engine: {:?}",
             s.at_engine.headers
         );
     }

@@ -7,6 +7,10 @@
 //! ```
 //! Options: `--entries N` (1000000), `--seconds S` per measurement (3), `--no-lru`.
 
+// The counting allocator implements the unsafe `GlobalAlloc` trait by forwarding to
+// `System` (commented below).
+#![allow(unsafe_code)]
+
 use cohort_batcher_core::store::{
     dot, Capacity, CpuStore, CpuStoreConfig, EntryMeta, Hit, SketchBytes, Store, TopK,
 };

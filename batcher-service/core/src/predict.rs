@@ -15,8 +15,9 @@
 //! (the lightest is dropped) and `max_contexts` live contexts (the oldest is dropped).
 //!
 //! The prefetch aggressiveness a request asks for (`x-cohort-prefetch`) picks
-//! `(top-k, floor, idle guard)` through [`PrefetchLevel`].
+//! `(top-k, floor, idle guard)` through [`PrefetchPolicy::of`].
 
+use cohort_fingerprint::knobs::Prefetch;
 use std::collections::HashMap;
 
 /// The predictor's knobs.
@@ -43,15 +44,6 @@ impl Default for PredictConfig {
     }
 }
 
-/// `x-cohort-prefetch`: how aggressively to warm predicted cohorts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PrefetchLevel {
-    None,
-    Low,
-    Medium,
-    High,
-}
-
 /// What a prefetch level allows.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PrefetchPolicy {
@@ -63,24 +55,14 @@ pub struct PrefetchPolicy {
     pub idle_slots: usize,
 }
 
-impl PrefetchLevel {
-    /// The header's and the configuration's words: `high`, `medium`, `low`, `none`.
-    pub fn parse(value: &str) -> Option<PrefetchLevel> {
-        match value.trim() {
-            "high" => Some(PrefetchLevel::High),
-            "medium" => Some(PrefetchLevel::Medium),
-            "low" => Some(PrefetchLevel::Low),
-            "none" => Some(PrefetchLevel::None),
-            _ => None,
-        }
-    }
-
-    pub fn policy(self) -> Option<PrefetchPolicy> {
-        let (top_k, floor, idle_slots) = match self {
-            PrefetchLevel::None => return None,
-            PrefetchLevel::Low => (1, 0.5, 2),
-            PrefetchLevel::Medium => (2, 0.25, 1),
-            PrefetchLevel::High => (3, 0.1, 1),
+impl PrefetchPolicy {
+    /// What each level of `x-cohort-prefetch` allows; `none` nothing.
+    pub fn of(level: Prefetch) -> Option<PrefetchPolicy> {
+        let (top_k, floor, idle_slots) = match level {
+            Prefetch::None => return None,
+            Prefetch::Low => (1, 0.5, 2),
+            Prefetch::Medium => (2, 0.25, 1),
+            Prefetch::High => (3, 0.1, 1),
         };
         Some(PrefetchPolicy {
             top_k,
@@ -276,11 +258,11 @@ mod tests {
         let cohorts: Vec<u64> = high.iter().map(|x| x.cohort).collect();
         assert_eq!(cohorts, vec![2, 3], "4 is beyond the 3.2 s horizon");
         assert!((high[0].probability - 0.6).abs() < 0.01);
-        let low = PrefetchLevel::Low.policy().unwrap();
+        let low = PrefetchPolicy::of(Prefetch::Low).unwrap();
         let only = p.predict(0, 1, 10_000, low);
         assert_eq!(only.len(), 1);
         assert_eq!(only[0].cohort, 2);
-        assert!(PrefetchLevel::None.policy().is_none());
+        assert!(PrefetchPolicy::of(Prefetch::None).is_none());
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! with `is_culib_present` before any other cudarc call (a missing library would otherwise
 //! panic inside cudarc), and [`open`] runs the whole opening under `catch_unwind`.
 
+// Kernel launches and the driver-presence checks are unsafe cudarc calls (each commented).
+#![allow(unsafe_code)]
+
 use crate::backend::{Backend, DeviceError, RawHit, SlotWrite};
 use crate::ivf::ListItems;
 use crate::layout::{

@@ -5,9 +5,11 @@
 use crate::backend::DeviceError;
 use cohort_batcher_core::store::{CpuStore, CpuStoreConfig, Store};
 
-/// The store asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The store asked for (`store.backend`, `--store`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum StoreKind {
+    #[default]
     Cpu,
     Gpu,
 }

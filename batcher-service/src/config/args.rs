@@ -1,6 +1,7 @@
 //! `cohort serve`'s flags. Each also reads a `COHORT_*` environment variable, and each
 //! overrides the configuration file ([`super::ServeConfig::load`] merges them).
 
+use cohort_gpu_store::StoreKind;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -43,7 +44,7 @@ pub struct ServeArgs {
     /// Fingerprint store: `cpu` or `gpu` (gpu falls back to cpu with one warning when the
     /// binary lacks the `cuda` feature or no GPU is usable).
     #[arg(long, env = "COHORT_STORE")]
-    pub store: Option<String>,
+    pub store: Option<StoreKind>,
     /// Milliseconds to keep serving after SIGTERM while health checks answer 503.
     #[arg(long, env = "COHORT_DRAIN_DELAY_MS")]
     pub drain_delay_ms: Option<u64>,

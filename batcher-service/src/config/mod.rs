@@ -7,6 +7,8 @@
 //! http_listen = "0.0.0.0:9464"    # /metrics, /healthz, /readyz
 //! shard_index = 0                 # this batcher's shard (a StatefulSet ordinal)
 //! shard_count = 1                 # batcher shards the filters are configured with
+//! tenant_header = "x-cohort-tenant"  # as the filter's tenant_header
+//! salt_secret = "…"               # as the filter's salt_secret (or COHORT_SALT_SECRET)
 //!
 //! [[replicas]]                    # engine replicas, by the name the routes match on
 //! name = "replica-0"              # the x-cohort-shard value
@@ -34,6 +36,9 @@
 //! live_slack = 1.0                # (live load) extra wait on a prefix holder, in cold prefills
 //! kv_blocks_per_replica = 16384   # each replica's prefix cache, in filter blocks (256 B)
 //!
+//! [headers]                       # as the filter's `headers` (docs/CONTRACT.md)
+//! session = "x-cohort-session"
+//!
 //! [store]
 //! max_entries = 1000000
 //! backend = "cpu"                 # cpu | gpu (falls back to cpu, with one warning, when
@@ -57,6 +62,7 @@ pub use sections::{
 };
 pub use validate::ConfigError;
 
+use cohort_fingerprint::headers::HeaderNames;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -75,9 +81,14 @@ pub struct ServeConfig {
     pub batch: BatchSection,
     pub prefetch: PrefetchSection,
     pub lora: Vec<LoraSection>,
-    /// Deployment secret keying the engine cache salts of batch mode (vLLM `cache_salt`);
-    /// set it (`COHORT_SALT_SECRET`) so salts cannot be guessed from tenant names.
+    /// Deployment secret keying the engine cache salts of batch mode (vLLM `cache_salt`)
+    /// and the front's own fingerprints; set it (`COHORT_SALT_SECRET`) to the filter's
+    /// `salt_secret`, so salts cannot be guessed from tenant names.
     pub salt_secret: String,
+    /// The header carrying the tenant, as the filter's `tenant_header` names it.
+    pub tenant_header: String,
+    /// The header contract (docs/CONTRACT.md), as the filter's `headers` names them.
+    pub headers: HeaderNames,
     /// The inspector's browser build (a directory holding `pkg/`); default: `../ui` next
     /// to the binary (`.cohort/ui` for `.cohort/bin/cohort`).
     pub ui_assets: Option<PathBuf>,
@@ -104,6 +115,8 @@ impl Default for ServeConfig {
             lora: Vec::new(),
             ui_assets: None,
             salt_secret: String::new(),
+            tenant_header: cohort_fingerprint::headers::TENANT.into(),
+            headers: HeaderNames::default(),
             drain_s: 10,
             drain_delay_ms: 4000,
         }
@@ -150,14 +163,19 @@ impl ServeConfig {
             config.replicas = args
                 .replicas
                 .iter()
-                .map(|spec| Replica::from_flag(spec.trim()))
-                .collect();
+                .map(|spec| {
+                    Replica::from_flag(spec.trim()).map_err(|problem| ConfigError::ReplicaTarget {
+                        name: spec.split('=').next().unwrap_or(spec).to_owned(),
+                        problem,
+                    })
+                })
+                .collect::<Result<_, _>>()?;
         }
         if let Some(balance) = args.balance {
             config.policy.balance = balance;
         }
-        if let Some(store) = &args.store {
-            config.store.backend = store.clone();
+        if let Some(store) = args.store {
+            config.store.backend = store;
         }
         if let Some(delay) = args.drain_delay_ms {
             config.drain_delay_ms = delay;
@@ -196,6 +214,7 @@ impl ServeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cohort_batcher_core::engines::EngineKind;
     use cohort_gpu_store::StoreKind;
 
     fn args(replicas: &[&str]) -> ServeArgs {
@@ -257,24 +276,32 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("cohort-config-bad-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("serve.toml");
-        std::fs::write(&path, "[policy]\nlive_slack = -1.0\n").unwrap();
-        let mut a = args(&["a"]);
-        a.config = Some(path);
-        assert!(err(a).contains("policy.live_slack"));
+        // Each malformed value is refused at start with its field named, never defaulted.
+        for (file, field) in [
+            ("[policy]\nlive_slack = -1.0\n", "policy.live_slack"),
+            ("[store]\nbackend = \"tpu\"\n", "backend"),
+            ("[prefetch]\ndefault_level = \"hgh\"\n", "default_level"),
+            ("[batch]\nmin_shared = 1.5\n", "min_shared"),
+            ("tenant_header = \"X-Org\"\n", "tenant_header"),
+            ("[headers]\nsession = \"x-cohort-key\"\n", "session"),
+        ] {
+            std::fs::write(&path, file).unwrap();
+            let mut a = args(&["a"]);
+            a.config = Some(path.clone());
+            let message = err(a);
+            assert!(message.contains(field), "{file:?}: {message}");
+        }
         std::fs::remove_dir_all(dir).unwrap();
-        let mut a = args(&["a"]);
-        a.store = Some("tpu".into());
-        assert!(err(a).contains("unknown store `tpu`"));
     }
 
     #[test]
     fn store_flag_picks_the_backend() {
         let config = ServeConfig::load(&args(&["a"]), None).unwrap();
-        assert_eq!(config.store_kind().unwrap(), StoreKind::Cpu);
+        assert_eq!(config.store.backend, StoreKind::Cpu);
         let mut a = args(&["a"]);
-        a.store = Some("gpu".into());
+        a.store = Some(StoreKind::Gpu);
         let config = ServeConfig::load(&a, None).unwrap();
-        assert_eq!(config.store_kind().unwrap(), StoreKind::Gpu);
+        assert_eq!(config.store.backend, StoreKind::Gpu);
     }
 
     #[test]
@@ -285,12 +312,12 @@ mod tests {
         )
         .unwrap();
         assert!(config.front_enabled());
-        assert_eq!(config.replicas[0].engine, "llamacpp");
+        assert_eq!(config.replicas[0].engine, EngineKind::LlamaCpp);
         assert_eq!(
-            config.replicas[0].url.as_deref(),
-            Some("http://127.0.0.1:8081")
+            config.replicas[0].url.as_ref().map(|u| u.uri().to_string()),
+            Some("http://127.0.0.1:8081/".to_owned())
         );
-        assert_eq!(config.replicas[1].engine, "vllm");
+        assert_eq!(config.replicas[1].engine, EngineKind::Vllm);
         assert!(!ServeConfig::load(&args(&["r0"]), None)
             .unwrap()
             .front_enabled());

@@ -4,6 +4,10 @@
 //! fingerprint store (`[store]`). What each field means is on the field; the file's
 //! overall shape is in [`super`].
 
+use axum::http::Uri;
+use cohort_batcher_core::engines::EngineKind;
+use cohort_fingerprint::knobs::Prefetch;
+use cohort_gpu_store::StoreKind;
 use serde::Deserialize;
 use std::net::SocketAddr;
 
@@ -13,19 +17,15 @@ use std::net::SocketAddr;
 pub struct Replica {
     /// The `x-cohort-shard` value routes match on; 1–64 of `[A-Za-z0-9._-]`.
     pub name: String,
-    /// Base URL of the engine (`http://host:port`), for batch mode's front.
+    /// Base URL of the engine (`http://host:port`), for batch mode's front and the probes.
     #[serde(default)]
-    pub url: Option<String>,
-    /// The engine adapter (see `cohort_batcher_core::engines`).
-    #[serde(default = "default_engine")]
-    pub engine: String,
+    pub url: Option<EngineUrl>,
+    /// The engine adapter (see `cohort_batcher_core::engines`); `llamacpp` by default.
+    #[serde(default)]
+    pub engine: EngineKind,
     /// Slots (llama.cpp `-np`); `None` = ask the engine.
     #[serde(default)]
     pub slots: Option<usize>,
-}
-
-fn default_engine() -> String {
-    "llamacpp".to_owned()
 }
 
 impl Replica {
@@ -33,27 +33,49 @@ impl Replica {
         Replica {
             name: name.to_owned(),
             url: None,
-            engine: default_engine(),
+            engine: EngineKind::default(),
             slots: None,
         }
     }
-}
 
-impl Replica {
-    /// Parses a `--replica` value (see the flag).
-    pub(super) fn from_flag(spec: &str) -> Replica {
+    /// Parses a `--replica` value (see the flag): `name`, `name=url` or
+    /// `name=engine+url`.
+    pub(super) fn from_flag(spec: &str) -> Result<Replica, String> {
         let Some((name, target)) = spec.split_once('=') else {
-            return Replica::named(spec);
+            return Ok(Replica::named(spec));
         };
         let mut replica = Replica::named(name);
-        match target.split_once('+') {
+        let url = match target.split_once('+') {
             Some((engine, url)) => {
-                replica.engine = engine.to_owned();
-                replica.url = Some(url.to_owned());
+                replica.engine = EngineKind::parse(engine).map_err(|e| e.to_string())?;
+                url
             }
-            None => replica.url = Some(target.to_owned()),
-        }
-        replica
+            None => target,
+        };
+        replica.url = Some(EngineUrl::try_from(url.to_owned())?);
+        Ok(replica)
+    }
+}
+
+/// An engine's base URL, checked when read: `http://host:port` (a path is ignored).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct EngineUrl(Uri);
+
+impl EngineUrl {
+    pub fn uri(&self) -> &Uri {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for EngineUrl {
+    type Error = String;
+    fn try_from(url: String) -> Result<EngineUrl, String> {
+        url.parse::<Uri>()
+            .ok()
+            .filter(|u| u.scheme_str() == Some("http") && u.authority().is_some())
+            .map(EngineUrl)
+            .ok_or_else(|| format!("url {url:?} is not http://host:port"))
     }
 }
 
@@ -114,7 +136,7 @@ pub struct PrefetchSection {
     /// Half-life of learned transitions, ms.
     pub half_life_ms: u64,
     /// Level when a request has no `x-cohort-prefetch`: high, medium, low or none.
-    pub default_level: String,
+    pub default_level: Prefetch,
 }
 
 impl Default for PrefetchSection {
@@ -123,7 +145,7 @@ impl Default for PrefetchSection {
         PrefetchSection {
             horizon_ms: core.horizon_ms,
             half_life_ms: core.half_life_ms,
-            default_level: "medium".to_owned(),
+            default_level: Prefetch::default(),
         }
     }
 }
@@ -155,8 +177,9 @@ pub struct PolicySection {
     pub load_half_life_ms: u64,
     /// Live load (assign mode with progress reports): how many of its own cold prefills
     /// longer than on the cheapest replica a request may wait on the replica holding more
-    /// of its prefix. 0 (default): the expected time to first token within `balance`
-    /// decides; higher keeps prefixes in fewer caches at the cost of waiting.
+    /// of its prefix. 1 (default): it leaves when the wait it saves exceeds about twice
+    /// the prefill it adds; 0: the expected time to first token within `balance` decides
+    /// alone; higher keeps prefixes in fewer caches at the cost of waiting.
     pub live_slack: f64,
     /// Each replica's prefix-cache capacity in filter blocks (256 bytes of canonical
     /// prompt ≈ 64 tokens each). The default, 16,384 blocks, is about 1 M tokens of KV.
@@ -186,7 +209,7 @@ pub struct StoreSection {
     /// Cohorts idle this long expire.
     pub cohort_idle_s: u32,
     /// Where the fingerprints live: `cpu` or `gpu` (see docs/GPU-STORE.md).
-    pub backend: String,
+    pub backend: StoreKind,
 }
 
 impl Default for StoreSection {
@@ -195,7 +218,7 @@ impl Default for StoreSection {
             max_entries: 1_000_000,
             shards: 16,
             cohort_idle_s: 900,
-            backend: "cpu".to_owned(),
+            backend: StoreKind::Cpu,
         }
     }
 }

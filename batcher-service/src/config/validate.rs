@@ -3,8 +3,7 @@
 //! setting it would silently misread.
 
 use super::ServeConfig;
-use cohort_batcher_core::predict::PrefetchLevel;
-use cohort_gpu_store::StoreKind;
+use cohort_fingerprint::headers::HeaderNameError;
 use cohort_proto::is_plain_name;
 use std::path::PathBuf;
 use thiserror::Error;
@@ -40,12 +39,10 @@ pub enum ConfigError {
     MixedUrls(String),
     #[error("batch: {0}")]
     Batch(String),
-    #[error("prefetch.default_level must be high, medium, low or none, got {0:?}")]
-    PrefetchLevel(String),
     #[error("lora {0:?}: name must be 1-64 of [A-Za-z0-9._-] and path non-empty")]
     Lora(String),
-    #[error("store.backend: {0}")]
-    StoreBackend(String),
+    #[error("headers: {0}")]
+    Headers(#[from] HeaderNameError),
 }
 
 impl ServeConfig {
@@ -53,6 +50,7 @@ impl ServeConfig {
         if self.replicas.is_empty() {
             return Err(ConfigError::NoReplicas);
         }
+        self.headers.validate(&self.tenant_header)?;
         for (i, replica) in self.replicas.iter().enumerate() {
             let duplicate = self.replicas[..i].iter().any(|r| r.name == replica.name);
             if !is_plain_name(&replica.name) || duplicate {
@@ -76,16 +74,7 @@ impl ServeConfig {
         if !live_slack.is_finite() || live_slack < 0.0 {
             return Err(ConfigError::LiveSlack(live_slack));
         }
-        self.store_kind()?;
         self.validate_front()
-    }
-
-    /// The fingerprint store asked for.
-    pub fn store_kind(&self) -> Result<StoreKind, ConfigError> {
-        self.store
-            .backend
-            .parse()
-            .map_err(ConfigError::StoreBackend)
     }
 
     fn validate_front(&self) -> Result<(), ConfigError> {
@@ -104,14 +93,6 @@ impl ServeConfig {
                 name: replica.name.clone(),
                 problem,
             };
-            cohort_batcher_core::engines::EngineKind::parse(&replica.engine)
-                .map_err(|e| problem(e.to_string()))?;
-            if let Some(url) = &replica.url {
-                url.parse::<axum::http::Uri>()
-                    .ok()
-                    .filter(|u| u.scheme_str() == Some("http") && u.authority().is_some())
-                    .ok_or_else(|| problem(format!("url {url:?} is not http://host:port")))?;
-            }
             if replica.slots == Some(0) {
                 return Err(problem("slots must be at least 1".to_owned()));
             }
@@ -143,11 +124,6 @@ impl ServeConfig {
         if b.max_hold_ms < b.window_ms || b.scrape_interval_s == 0 {
             return Err(ConfigError::Batch(
                 "need max_hold_ms ≥ window_ms and scrape_interval_s ≥ 1".to_owned(),
-            ));
-        }
-        if PrefetchLevel::parse(&self.prefetch.default_level).is_none() {
-            return Err(ConfigError::PrefetchLevel(
-                self.prefetch.default_level.clone(),
             ));
         }
         for lora in &self.lora {

@@ -19,7 +19,7 @@ pub mod upstream;
 use crate::config::ServeConfig;
 use crate::metrics::{MetricSource, Scrape};
 use axum::http::Uri;
-use cohort_batcher_core::engines::{Engine, EngineKind, EngineMetrics};
+use cohort_batcher_core::engines::{Engine, EngineMetrics};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -100,15 +100,8 @@ impl Fleet {
             .iter()
             .map(|r| EngineReplica {
                 name: r.name.clone(),
-                base: r
-                    .url
-                    .as_deref()
-                    .unwrap_or_default()
-                    .parse()
-                    .unwrap_or_default(),
-                engine: EngineKind::parse(&r.engine)
-                    .unwrap_or(EngineKind::OpenAi)
-                    .adapter(),
+                base: r.url.as_ref().map(|u| u.uri().clone()).unwrap_or_default(),
+                engine: r.engine.adapter(),
                 slots_known: AtomicBool::new(r.slots.is_some()),
                 healthy: AtomicBool::new(true),
                 in_flight: AtomicUsize::new(0),

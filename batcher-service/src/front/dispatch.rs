@@ -2,12 +2,18 @@
 //! failover to the next healthy replica when one is unreachable (a 502 naming the cause
 //! only when none answers), and the relay that reports the first byte (a leader's prefix
 //! is computed; the heatmap; the prefetch trigger) and the end (slot free; cancelled).
+//!
+//! Every count a request holds on its replica (in flight, its llama.cpp slot) is a
+//! [`Claim`], released exactly once by its `Drop`: when the relay ends, when the engine
+//! call fails, or when the caller hangs up while the engine is still computing (axum then
+//! drops the request's future, and the claim with it). A leader's claim also tells its
+//! followers to stop waiting when it goes without a first byte.
 
 use super::warm::WarmPlan;
 use super::{lock, Front};
 use crate::engines::upstream::{Relay, UpstreamError};
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
 use cohort_batcher_core::batch::BatchId;
 use cohort_batcher_core::engines::FrontApi;
 use cohort_batcher_core::engines::Member;
@@ -47,6 +53,7 @@ impl Front {
         send: Dispatch,
         headers: &HeaderMap,
     ) -> Response<Body> {
+        let headers = &self.engine_headers(headers);
         let n = self.engines.len();
         let mut replica = send.replica;
         let mut slot = send.slot;
@@ -71,22 +78,16 @@ impl Front {
                     Bytes::from(serde_json::to_vec(&map).unwrap_or_default())
                 }
             };
-            if let Some(s) = slot {
-                lock(&self.slots).started(replica, s);
-            }
-            target.request_started();
+            let claim = Claim::take(&self, replica, slot, send.leads);
             let result = self
                 .engines
                 .upstream()
                 .send(Method::POST, &target.base, send.api.path(), headers, body)
                 .await;
             match result {
-                Ok(response) => return self.relay(response, &send, replica, slot),
+                Ok(response) => return self.relay(response, &send, claim),
                 Err(error) => {
-                    target.request_ended();
-                    if let Some(s) = slot {
-                        lock(&self.slots).finished(replica, s, self.clock.now_ms());
-                    }
+                    drop(claim);
                     warn!(replica = %target.name, %error, "engine request failed");
                     if matches!(error, UpstreamError::Connect(_)) {
                         target.set_healthy(false);
@@ -116,16 +117,18 @@ impl Front {
         self: &Arc<Self>,
         response: Response<hyper::body::Incoming>,
         send: &Dispatch,
-        replica: usize,
-        slot: Option<usize>,
+        claim: Claim,
     ) -> Response<Body> {
+        let replica = claim.replica;
         let (mut parts, incoming) = response.into_parts();
         for name in ["connection", "keep-alive", "transfer-encoding"] {
             parts.headers.remove(name);
         }
         let tag = format!("{};replica={}", send.role, self.engines[replica].name);
         if let Ok(value) = HeaderValue::from_str(&tag) {
-            parts.headers.insert("x-cohort-batch", value);
+            if let Ok(name) = HeaderName::from_bytes(self.headers.batch.as_bytes()) {
+                parts.headers.insert(name, value);
+            }
         }
         let on_first: Box<dyn FnOnce() + Send + Sync> = {
             let front = Arc::clone(self);
@@ -141,16 +144,57 @@ impl Front {
                 }
             })
         };
-        let front = Arc::clone(self);
         let on_end = Box::new(move |finished: bool| {
-            front.engines[replica].request_ended();
-            if let Some(s) = slot {
-                lock(&front.slots).finished(replica, s, front.clock.now_ms());
-            }
             if !finished {
-                front.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                claim.front.stats.cancelled.fetch_add(1, Ordering::Relaxed);
             }
+            drop(claim);
         });
         Response::from_parts(parts, Body::new(Relay::new(incoming, on_first, on_end)))
+    }
+}
+
+/// A request's hold on its replica: counted in flight there (and on its slot) from before
+/// the engine call until this is dropped.
+pub(super) struct Claim {
+    front: Arc<Front>,
+    replica: usize,
+    slot: Option<usize>,
+    /// `(cohort, batch)` of a leader: its followers are released when it goes.
+    leads: Option<(u64, BatchId)>,
+}
+
+impl Claim {
+    fn take(
+        front: &Arc<Front>,
+        replica: usize,
+        slot: Option<usize>,
+        leads: Option<(u64, BatchId)>,
+    ) -> Claim {
+        if let Some(s) = slot {
+            lock(&front.slots).started(replica, s);
+        }
+        front.engines[replica].request_started();
+        Claim {
+            front: Arc::clone(front),
+            replica,
+            slot,
+            leads,
+        }
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let front = &self.front;
+        front.engines[self.replica].request_ended();
+        if let Some(s) = self.slot {
+            lock(&front.slots).finished(self.replica, s, front.clock.now_ms());
+        }
+        // A leader that leaves without a first byte (hang-up, failure) must not keep its
+        // followers waiting for `max_hold_ms`; after its first byte this changes nothing.
+        if let Some((cohort, batch)) = self.leads {
+            front.leader_prefilled(cohort, batch);
+        }
     }
 }

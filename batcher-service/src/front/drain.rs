@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl Front {
-    fn is_draining(&self) -> bool {
+    pub(super) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst) || *self.stop.borrow()
     }
 }

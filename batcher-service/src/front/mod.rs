@@ -54,15 +54,19 @@ use axum::routing::post;
 use axum::Router;
 use cohort_batcher_core::batch::{BatchConfig, BatchId, BatchTable, SlotTable};
 use cohort_batcher_core::engines::FrontApi;
-use cohort_batcher_core::predict::{PredictConfig, PrefetchLevel};
+use cohort_batcher_core::predict::PredictConfig;
+use cohort_fingerprint::headers::HeaderNames;
+use cohort_fingerprint::knobs::Prefetch;
 use lora::Lora;
 use prefetch::Prefetcher;
 use stats::FrontStats;
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -80,7 +84,7 @@ struct BatchState {
 pub struct Front {
     engines: Arc<Fleet>,
     config: BatchSection,
-    default_level: PrefetchLevel,
+    default_level: Prefetch,
     batches: Mutex<BatchTable>,
     slots: Mutex<SlotTable>,
     states: Mutex<HashMap<BatchId, BatchState>>,
@@ -92,8 +96,13 @@ pub struct Front {
     stop: watch::Receiver<bool>,
     /// Set at SIGTERM, before `stop`: still serving, but telling callers to go elsewhere.
     draining: Arc<AtomicBool>,
-    /// The deployment secret keying engine cache salts.
+    /// The deployment secret keying engine cache salts and the front's own fingerprints.
     secret: Vec<u8>,
+    /// The header contract, as configured (the same names as the filter's).
+    headers: HeaderNames,
+    tenant_header: String,
+    /// What the front sends on its own (warm-ups), tracked so that a drain waits for it.
+    background: Mutex<JoinSet<()>>,
 }
 
 impl Front {
@@ -112,8 +121,7 @@ impl Front {
         let b = &config.batch;
         Front {
             engines,
-            default_level: PrefetchLevel::parse(&config.prefetch.default_level)
-                .unwrap_or(PrefetchLevel::Medium),
+            default_level: config.prefetch.default_level,
             batches: Mutex::new(BatchTable::new(BatchConfig {
                 window_ms: b.window_ms,
                 max_hold_ms: b.max_hold_ms,
@@ -137,7 +145,24 @@ impl Front {
             stop,
             draining,
             secret: config.salt_secret.as_bytes().to_vec(),
+            headers: config.headers.clone(),
+            tenant_header: config.tenant_header.clone(),
+            background: Mutex::new(JoinSet::new()),
         }
+    }
+
+    /// Runs `task` beside callers' requests (a warm-up), tracked: the drain waits for it.
+    fn spawn_background(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let mut tasks = lock(&self.background);
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(task);
+    }
+
+    /// Waits for the front's own requests still running (the drain's last step; no new
+    /// ones start while draining).
+    pub async fn finish_background(&self) {
+        let mut tasks = std::mem::take(&mut *lock(&self.background));
+        while tasks.join_next().await.is_some() {}
     }
 
     pub fn router(self: Arc<Self>) -> Router {
@@ -165,6 +190,17 @@ impl Front {
                 drain::while_draining,
             ))
             .with_state(self)
+    }
+
+    /// The caller's headers as the engine gets them: without the contract's headers
+    /// (configured names; the layer has acted on them) and the tenant header.
+    fn engine_headers(&self, headers: &HeaderMap) -> HeaderMap {
+        let mut headers = headers.clone();
+        for (_, name) in self.headers.all() {
+            headers.remove(name);
+        }
+        headers.remove(self.tenant_header.as_str());
+        headers
     }
 
     fn pressured(&self, replica: usize) -> bool {
@@ -217,6 +253,21 @@ impl MetricSource for Front {
             "cohort_batches_open",
             "Batches open for joining.",
             lock(&self.batches).open_batches() as u64,
+        );
+        let busy: Vec<(String, f64)> = {
+            let slots = lock(&self.slots);
+            (0..self.engines.len())
+                .map(|r| {
+                    let busy = slots.slots(r) - slots.idle_slots(r);
+                    (self.engines[r].name.clone(), busy as f64)
+                })
+                .collect()
+        };
+        scrape.labelled_gauge(
+            "cohort_front_slots_busy",
+            "Slots of each replica the front has a request pinned to (slot-pinned engines such as llama.cpp; 0 on others).",
+            "replica",
+            &busy,
         );
         scrape.count_gauge(
             "cohort_followers_held",

@@ -1,6 +1,7 @@
-//! What the front reads of a request before admitting it: its cohort (the filter's
-//! `x-cohort-key`, or the front's own fingerprint of the body when a client calls the
-//! front directly), the replica hint (`x-cohort-shard`, else the cohort's jump hash), the
+//! What the front reads of a request before admitting it (the headers by their configured
+//! names, docs/CONTRACT.md): its cohort (the filter's `x-cohort-key`, or the front's own
+//! fingerprint of the body, salted as the filter salts, when a client calls the front
+//! directly), the replica hint (`x-cohort-shard`, else the cohort's jump hash), the
 //! tenant and session that the predictor learns under, the prefetch level, the engine
 //! cache salt, and the prompt's prefix blocks (which decide whether joining its cohort's
 //! batch pays, [`cohort_batcher_core::batch::PromptShape`]).
@@ -9,7 +10,7 @@ use super::Front;
 use axum::http::HeaderMap;
 use cohort_batcher_core::batch::PromptShape;
 use cohort_batcher_core::engines::{cache_salt, FrontApi};
-use cohort_batcher_core::predict::PrefetchLevel;
+use cohort_fingerprint::knobs::Prefetch;
 use cohort_fingerprint::shard::jump_hash;
 use serde_json::{Map, Value};
 use std::time::Instant;
@@ -24,7 +25,7 @@ pub(super) struct Parsed {
     pub salt: Option<String>,
     pub tenant_hash: u64,
     pub context: u64,
-    pub level: PrefetchLevel,
+    pub level: Prefetch,
     pub received: Instant,
     /// Chained hashes of the canonical prompt's blocks; empty when the fingerprint cannot
     /// read the body (then it joins its batch whatever it shares, as the key says).
@@ -57,10 +58,13 @@ pub(super) fn hash(text: &str) -> u64 {
 impl Front {
     pub(super) fn parse(&self, api: FrontApi, headers: &HeaderMap, body: &[u8]) -> Option<Parsed> {
         let map: Map<String, Value> = serde_json::from_slice(body).ok()?;
-        let tenant = header(headers, "x-cohort-tenant").map(str::to_owned);
-        let salt = cohort_fingerprint::TenantSalt::new(b"", tenant.as_deref());
+        let names = &self.headers;
+        let tenant = header(headers, &self.tenant_header).map(str::to_owned);
+        // Salted as the filter salts (same secret), so a client calling the front directly
+        // gets the keys the filter would have given it.
+        let salt = cohort_fingerprint::TenantSalt::new(&self.secret, tenant.as_deref());
         let (cohort, blocks, prompt_bytes) =
-            match header(headers, "x-cohort-key").and_then(|k| u64::from_str_radix(k, 16).ok()) {
+            match header(headers, &names.key).and_then(|k| u64::from_str_radix(k, 16).ok()) {
                 Some(key) => match cohort_fingerprint::api::parse_request(body, Some(api.path())) {
                     Ok(prompt) => (
                         key,
@@ -79,15 +83,15 @@ impl Front {
                     (fp.routing_key.0, fp.prefix_blocks, fp.prompt_bytes)
                 }
             };
-        let hint = header(headers, "x-cohort-shard")
+        let hint = header(headers, &names.shard)
             .and_then(|name| self.engines.position(name))
             .unwrap_or_else(|| jump_hash(cohort, self.engines.len() as u32) as usize);
         let tenant_hash = hash(tenant.as_deref().unwrap_or(""));
-        let context = header(headers, "x-cohort-session")
+        let context = header(headers, &names.session)
             .map(|s| hash(s) ^ tenant_hash.rotate_left(1))
             .unwrap_or(tenant_hash);
-        let level = header(headers, "x-cohort-prefetch")
-            .and_then(PrefetchLevel::parse)
+        let level = header(headers, &names.prefetch)
+            .and_then(Prefetch::parse)
             .unwrap_or(self.default_level);
         let client_salt = map.get("cache_salt").and_then(Value::as_str);
         let salt = cache_salt(&self.secret, tenant.as_deref(), client_salt);

@@ -192,9 +192,10 @@ mod tests {
     #[test]
     fn accounts_hits_misses_and_waste() {
         let p = Prefetcher::new(PredictConfig::default());
-        let high = cohort_batcher_core::predict::PrefetchLevel::High
-            .policy()
-            .unwrap();
+        let high = cohort_batcher_core::predict::PrefetchPolicy::of(
+            cohort_fingerprint::knobs::Prefetch::High,
+        )
+        .unwrap();
         // Session walks 1 → 2 twice; 2's exemplar lives on replica 1.
         for (i, t) in [(0u64, 0u64), (1, 10_000)] {
             p.observe(0, i, 1, t);

@@ -1,13 +1,15 @@
 //! What the front sends on its own, beside callers' requests: warm-ups of predicted cohorts
 //! (at a leader's first byte, on the predicted cohort's owner replica when it has idle
-//! capacity) and LoRA adapter loads (before the first request that needs one).
+//! capacity; tracked, so a drain waits for them, and none starts while draining) and LoRA
+//! adapter loads (before the first request that needs one).
 
 use super::{lock, Front};
 use axum::body::Bytes;
 use axum::http::Method;
 use cohort_batcher_core::batch::Release;
 use cohort_batcher_core::engines::{warmup_body, LoraAdapter, Member};
-use cohort_batcher_core::predict::PrefetchLevel;
+use cohort_batcher_core::predict::PrefetchPolicy;
+use cohort_fingerprint::knobs::Prefetch;
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,7 +21,7 @@ use tracing::warn;
 pub(super) struct WarmPlan {
     pub tenant_hash: u64,
     pub cohort: u64,
-    pub level: PrefetchLevel,
+    pub level: Prefetch,
     pub salt: Option<String>,
 }
 
@@ -28,9 +30,12 @@ impl Front {
     /// those have idle capacity (the level's idle guard). Called at the leader's first
     /// byte, so its own prefill is never slowed by a warm-up on the same replica.
     pub(super) fn warm_predicted(self: &Arc<Self>, parsed: &WarmPlan) {
-        let Some(policy) = parsed.level.policy() else {
+        let Some(policy) = PrefetchPolicy::of(parsed.level) else {
             return;
         };
+        if self.is_draining() {
+            return;
+        }
         let now = self.clock.now_ms();
         for (prediction, exemplar) in
             self.prefetch
@@ -72,7 +77,7 @@ impl Front {
             let front = Arc::clone(self);
             let cohort = prediction.cohort;
             let api = exemplar.api;
-            tokio::spawn(async move {
+            self.spawn_background(async move {
                 if let Some(adapter) = adapter {
                     front.ensure_lora(replica, &adapter).await;
                 }

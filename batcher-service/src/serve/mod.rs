@@ -190,6 +190,10 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         for task in front_tasks {
             let _ = task.await;
         }
+        // Then the front's own requests (warm-ups) still running.
+        if let Some(front) = &front {
+            front.finish_background().await;
+        }
         grpc.context("gRPC server task")?.context("gRPC server")?;
         http.context("HTTP server task")?.context("HTTP server")?;
         anyhow::Ok(())

@@ -9,6 +9,9 @@
 //! Its first user is the wasm parity test (`tests/`), which runs this module in a wasm
 //! interpreter and checks that it answers byte for byte what the native build answers.
 
+// The C ABI a wasm host calls: exported (`no_mangle`) functions over raw pointers.
+#![allow(unsafe_code)]
+
 use cohort_fingerprint::record::{fingerprint_line, LineDefaults};
 
 /// Allocates `len` bytes for the host to write into.

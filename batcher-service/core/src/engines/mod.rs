@@ -26,9 +26,11 @@ pub use crate::batch::Release;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-/// The engines the front knows, by their configuration name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The engines the front knows, by their configuration name (`engine = "vllm"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
+#[serde(try_from = "String")]
 pub enum EngineKind {
+    #[default]
     LlamaCpp,
     Vllm,
     Sglang,
@@ -40,6 +42,13 @@ pub enum EngineKind {
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error("unknown engine {0:?} (expected llamacpp, vllm, sglang, tgi, openai or anthropic)")]
 pub struct UnknownEngine(pub String);
+
+impl TryFrom<String> for EngineKind {
+    type Error = UnknownEngine;
+    fn try_from(name: String) -> Result<EngineKind, UnknownEngine> {
+        EngineKind::parse(&name)
+    }
+}
 
 impl EngineKind {
     pub const ALL: [EngineKind; 6] = [

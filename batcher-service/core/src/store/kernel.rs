@@ -19,6 +19,10 @@
 //! AVX2 is chosen at run time (`is_x86_feature_detected!`, cached by std); anything else
 //! runs the portable loops, which the compiler vectorises with the baseline SIMD.
 
+// The AVX2 path calls `std::arch` intrinsics behind a run-time feature check (each
+// call commented).
+#![allow(unsafe_code)]
+
 /// Entries per tile.
 pub(crate) const TILE: usize = 8;
 

@@ -22,6 +22,7 @@ use cohort_batcher_core::cohorts::Cohorts;
 use cohort_batcher_core::policy::{Policy, PolicyConfig, RouteRequest};
 use cohort_batcher_core::store::cpu::{Capacity, CpuStoreConfig};
 use cohort_batcher_core::store::{CpuStore, EntryMeta, SketchBytes, Store};
+use cohort_fingerprint::knobs::{batch_threshold, cache_ttl_s};
 use cohort_fingerprint::sketch::SKETCH_VERSION;
 use cohort_gpu_store::{open_store, StoreKind};
 use cohort_proto as pb;
@@ -93,7 +94,7 @@ fn sketch_of(fp: &pb::Fingerprint) -> Option<SketchBytes> {
 /// The store `store.backend` asks for; `gpu` that cannot open falls back to the CPU store
 /// with one warning.
 fn open_fingerprint_store(config: &ServeConfig) -> Box<dyn Store> {
-    let kind = config.store_kind().unwrap_or(StoreKind::Cpu);
+    let kind = config.store.backend;
     let opened = open_store(
         kind,
         CpuStoreConfig {
@@ -161,7 +162,7 @@ impl Brain {
             .ok_or(BrainError::NoFingerprint)?;
         let knobs = request.knobs.unwrap_or_default();
         let cohort = sketch_of(fp).and_then(|sketch| {
-            let threshold = threshold(knobs.batch_threshold);
+            let threshold = batch_threshold(knobs.batch_threshold);
             lock(&self.cohorts)
                 .assign(
                     tenant_hash(&request.tenant),
@@ -230,15 +231,19 @@ impl Brain {
         let knobs = request.knobs.unwrap_or_default();
         let tenant = tenant_hash(&request.tenant);
         let now_s = secs(now_ms);
-        let membership =
-            lock(&self.cohorts).observe(tenant, &sketch, threshold(knobs.batch_threshold), now_s);
+        let membership = lock(&self.cohorts).observe(
+            tenant,
+            &sketch,
+            batch_threshold(knobs.batch_threshold),
+            now_s,
+        );
         self.count_pivot(membership.cohort, &request.tenant);
         let replica = self
             .replicas
             .iter()
             .position(|r| *r == observation.shard)
             .map_or(UNKNOWN_REPLICA, |i| i as u16);
-        let ttl = knobs.cache_ttl_s.clamp(300, 3600);
+        let ttl = cache_ttl_s(knobs.cache_ttl_s);
         let key = fp.blocks.last().copied().unwrap_or(fp.key);
         self.store.upsert(
             key,
@@ -276,15 +281,6 @@ impl Brain {
 
 fn secs(now_ms: u64) -> u32 {
     u32::try_from(now_ms / 1000).unwrap_or(u32::MAX)
-}
-
-/// The batch-threshold knob as the filter clamped it; 0 (unset) means the default.
-fn threshold(value: f32) -> f32 {
-    if value.is_finite() && value > 0.0 {
-        value.clamp(0.1, 0.9)
-    } else {
-        0.5
-    }
 }
 
 /// A poisoned lock only means another handler panicked mid-update; the state is still
@@ -372,7 +368,7 @@ mod tests {
             replicas: vec![Replica::named("r0")],
             ..ServeConfig::default()
         };
-        config.store.backend = "gpu".into();
+        config.store.backend = StoreKind::Gpu;
         config.store.max_entries = 1000;
         let brain = Brain::new(&config, Clock::start());
         observe(&brain, vec![7], sketch(1), "a", "r0");
