@@ -20,6 +20,22 @@ pub struct Envoy {
 }
 
 impl Envoy {
+    /// `istio/envoy/assign.yaml` on free ports: the filter in assign mode (a 250 ms
+    /// deadline, which a loaded 2-core machine meets) asking the batcher shard on
+    /// `batcher_grpc`, over the engine replicas on `replicas`.
+    pub fn start_assign(batcher_grpc: u16, replicas: &[u16]) -> Envoy {
+        use crate::config;
+        let mut yaml = config::load("assign");
+        let (admin, listen) = (crate::free_port(), crate::free_port());
+        config::set_ports(&mut yaml, admin, listen);
+        config::set_assign_endpoints(&mut yaml, &[batcher_grpc], replicas);
+        config::set_filter(
+            &mut yaml,
+            r#"{"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]}"#,
+        );
+        Envoy::start(&yaml, admin, listen)
+    }
+
     /// Starts Envoy with `config` (YAML) and waits until its admin `/ready` answers 200;
     /// it logs warnings and errors only.
     pub fn start(config: &serde_yaml::Value, admin_port: u16, listen_port: u16) -> Envoy {

@@ -17,10 +17,9 @@
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::post_json;
-use cohort_tests::config::{self, set_assign_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::upstream::Upstream;
-use cohort_tests::{eventually, free_port, one_at_a_time};
+use cohort_tests::{eventually, one_at_a_time};
 use serde_json::json;
 use std::time::Duration;
 
@@ -40,34 +39,17 @@ fn stack() -> Stack {
 /// With `probed`, the batcher knows the replicas' URLs and probes them every second.
 fn stack_with(probed: bool) -> Stack {
     let replicas: Vec<Upstream> = REPLICAS.iter().map(|n| Upstream::start(n)).collect();
-    let batcher = Batcher::start(BatcherSpec {
-        grpc_port: free_port(),
-        http_port: free_port(),
-        replicas: REPLICAS
-            .iter()
-            .zip(&replicas)
-            .map(|(name, upstream)| match probed {
-                true => format!("{name}=http://127.0.0.1:{}", upstream.port),
-                false => name.to_string(),
-            })
-            .collect(),
-        shard_index: 0,
-        shard_count: 1,
-        // Replicas with URLs turn batch mode's front on too; it listens, unused.
-        front_port: probed.then(free_port),
-        extra_args: Vec::new(),
-    });
-    let mut config = config::load("assign");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
     let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
-    set_assign_endpoints(&mut config, &[batcher.spec.grpc_port], &ports);
-    set_filter(
-        &mut config,
-        &json!({"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]})
-            .to_string(),
-    );
-    let envoy = Envoy::start(&config, admin, listen);
+    let batcher = Batcher::start(match probed {
+        // Replicas with URLs turn batch mode's front on too; it listens, unused.
+        true => BatcherSpec::over_engines(&ports),
+        false => BatcherSpec {
+            front_port: None,
+            replicas: REPLICAS.map(String::from).to_vec(),
+            ..BatcherSpec::over_engines(&ports)
+        },
+    });
+    let envoy = Envoy::start_assign(batcher.spec.grpc_port, &ports);
     Stack {
         replicas: replicas.into_iter().map(Some).collect(),
         batcher,

@@ -33,23 +33,11 @@ struct Stack {
 
 fn stack() -> Stack {
     let replicas: Vec<Llama> = (0..3).map(|_| Llama::start(2)).collect();
-    let batcher = Batcher::start(BatcherSpec {
-        grpc_port: free_port(),
-        http_port: free_port(),
-        replicas: replicas
-            .iter()
-            .enumerate()
-            .map(|(i, r)| format!("replica-{i}=http://127.0.0.1:{}", r.port))
-            .collect(),
-        shard_index: 0,
-        shard_count: 1,
-        front_port: Some(free_port()),
-        extra_args: Vec::new(),
-    });
+    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
+    let batcher = Batcher::start(BatcherSpec::over_engines(&ports));
     let mut config = config::load("batch");
     let (admin, listen) = (free_port(), free_port());
     set_ports(&mut config, admin, listen);
-    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
     set_batch_endpoints(
         &mut config,
         batcher.spec.grpc_port,

@@ -22,9 +22,7 @@
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, post_stream, Response};
-use cohort_tests::config::{
-    self, set_assign_endpoints, set_batch_endpoints, set_endpoints, set_filter, set_ports,
-};
+use cohort_tests::config::{self, set_batch_endpoints, set_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::llama::Llama;
 use cohort_tests::{eventually, free_port, one_at_a_time};
@@ -222,19 +220,7 @@ fn a_replica_killed_under_the_batch_front_fails_nothing_and_new_requests_avoid_i
     let _alone = one_at_a_time();
     let mut replicas = vec![Some(Llama::start(2)), Some(Llama::start(2))];
     let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
-    let batcher = Batcher::start(BatcherSpec {
-        grpc_port: free_port(),
-        http_port: free_port(),
-        replicas: ports
-            .iter()
-            .enumerate()
-            .map(|(i, port)| format!("replica-{i}=http://127.0.0.1:{port}"))
-            .collect(),
-        shard_index: 0,
-        shard_count: 1,
-        front_port: Some(free_port()),
-        extra_args: Vec::new(),
-    });
+    let batcher = Batcher::start(BatcherSpec::over_engines(&ports));
     let mut config = config::load("batch");
     let (admin, listen) = (free_port(), free_port());
     set_ports(&mut config, admin, listen);
@@ -316,29 +302,8 @@ fn a_replica_killed_under_assign_mode_fails_nothing_and_is_assigned_nothing_afte
     let mut replicas = vec![Some(Llama::start(2)), Some(Llama::start(2))];
     let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
     // Replica URLs: the batcher probes them every second (its front listens, unused).
-    let batcher = Batcher::start(BatcherSpec {
-        grpc_port: free_port(),
-        http_port: free_port(),
-        replicas: ports
-            .iter()
-            .enumerate()
-            .map(|(i, port)| format!("replica-{i}=http://127.0.0.1:{port}"))
-            .collect(),
-        shard_index: 0,
-        shard_count: 1,
-        front_port: Some(free_port()),
-        extra_args: Vec::new(),
-    });
-    let mut config = config::load("assign");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
-    set_assign_endpoints(&mut config, &[batcher.spec.grpc_port], &ports);
-    set_filter(
-        &mut config,
-        &json!({"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]})
-            .to_string(),
-    );
-    let envoy = Envoy::start(&config, admin, listen);
+    let batcher = Batcher::start(BatcherSpec::over_engines(&ports));
+    let envoy = Envoy::start_assign(batcher.spec.grpc_port, &ports);
     let port = envoy.listen_port;
     let metric = |s: &str| batcher.metric(s);
     let up = |r: usize| metric(&format!("cohort_engine_up{{replica=\"replica-{r}\"}}"));
