@@ -36,17 +36,7 @@ impl Front {
             let replica = self
                 .engines
                 .healthy_from(jump_hash(hash_bytes(&body), self.engines.len() as u32) as usize);
-            let send = Dispatch {
-                api,
-                replica,
-                slot: None,
-                salt: None,
-                body: SendBody::Raw(body),
-                role: "direct",
-                leads: None,
-                received: Instant::now(),
-                warm_after: None,
-            };
+            let send = Dispatch::direct(api, replica, None, SendBody::Raw(body), Instant::now());
             return self.send(send, &headers).await;
         };
         let now = self.clock.now_ms();
@@ -96,17 +86,13 @@ impl Front {
             }
             (Admission::Alone { .. }, _) => {
                 self.stats.direct(Direct::Unshared);
-                let send = Dispatch {
-                    api: parsed.api,
-                    replica: self.engines.healthy_from(parsed.hint),
-                    slot: None,
-                    salt: parsed.salt,
-                    body: SendBody::Json(parsed.body),
-                    role: "direct",
-                    leads: None,
-                    received: parsed.received,
-                    warm_after: None,
-                };
+                let send = Dispatch::direct(
+                    parsed.api,
+                    self.engines.healthy_from(parsed.hint),
+                    parsed.salt,
+                    SendBody::Json(parsed.body),
+                    parsed.received,
+                );
                 self.send(send, &headers).await
             }
         }

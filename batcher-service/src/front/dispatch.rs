@@ -40,6 +40,29 @@ pub(super) struct Dispatch {
     pub warm_after: Option<WarmPlan>,
 }
 
+impl Dispatch {
+    /// A request sent on without batching (`role` direct): no slot, no batch, no warm-up.
+    pub fn direct(
+        api: FrontApi,
+        replica: usize,
+        salt: Option<String>,
+        body: SendBody,
+        received: Instant,
+    ) -> Dispatch {
+        Dispatch {
+            api,
+            replica,
+            slot: None,
+            salt,
+            body,
+            role: "direct",
+            leads: None,
+            received,
+            warm_after: None,
+        }
+    }
+}
+
 pub(super) enum SendBody {
     Json(Map<String, Value>),
     Raw(Bytes),
@@ -96,9 +119,6 @@ impl Front {
                     break;
                 }
             }
-        }
-        if let Some((cohort, batch)) = send.leads {
-            self.leader_prefilled(cohort, batch);
         }
         self.stats.unreachable.fetch_add(1, Ordering::Relaxed);
         let body = serde_json::json!({"error": {
