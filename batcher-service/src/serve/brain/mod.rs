@@ -428,25 +428,14 @@ mod tests {
             replicas: vec![Replica::named("r0")],
             ..ServeConfig::default()
         };
-        assert_eq!(
-            Brain::new(&config, Clock::start())
-                .policy
-                .lock()
-                .unwrap()
-                .config()
-                .live_slack,
-            1.0
-        );
+        let slack = |config: &ServeConfig| {
+            let brain = Brain::new(config, Clock::start());
+            let slack = brain.policy.lock().unwrap().config().live_slack;
+            slack
+        };
+        assert_eq!(slack(&config), 1.0);
         config.policy.live_slack = 2.5;
-        assert_eq!(
-            Brain::new(&config, Clock::start())
-                .policy
-                .lock()
-                .unwrap()
-                .config()
-                .live_slack,
-            2.5
-        );
+        assert_eq!(slack(&config), 2.5);
     }
 
     #[test]
