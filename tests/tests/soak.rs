@@ -256,9 +256,13 @@ fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
             "{name}: RSS grew {at_warm} → {at_end} (≥ 5%)"
         );
         // Each client connection and each pooled upstream connection is one fd; the
-        // pools may open a few more under a burst, but a leak grows with requests.
+        // pools may open a few more under a burst, but a leak grows with requests. Since
+        // batch mode decides on the live load (leaders spread over the three engines) the
+        // front's pools reach their size more slowly: 80 s runs end at 60-61 fds before
+        // and after that change, but now about 5 of them open after the warm-up; one more
+        // per engine is allowed for that.
         assert!(
-            at_end.fds <= at_warm.fds + CLIENTS / 4,
+            at_end.fds <= at_warm.fds + CLIENTS / 4 + stack.engines.len(),
             "{name}: file descriptors grew {at_warm} → {at_end}"
         );
     }
