@@ -37,9 +37,10 @@ fn without_reports_the_estimate_decides_and_tickets_still_open() {
 
 /// Forty requests of one hot app (a 4-block system prompt, cost 5000 when cold, and one
 /// block of their own), none finishing: the first that moves, and the spread.
-fn hot_app(live_slack: f64) -> (u64, [u32; 3]) {
+fn hot_app(live_slack: f64, live_slack_private: f64) -> (u64, [u32; 3]) {
     let mut p = Policy::new(PolicyConfig {
         live_slack,
+        live_slack_private,
         ..PolicyConfig::new(3, 10_000)
     });
     go_live(&mut p, 0);
@@ -62,14 +63,19 @@ fn one_hot_app_spills_once_its_holder_queues_more_than_a_cold_prefill() {
     // wait behind request 0's cold prefill (5016) and then run its own (1016): 6032 >
     // 1.2 × 5016 on an idle replica, so it is the first to move; from then on the prefix
     // is held twice, then three times, and the work spreads.
-    let (first_spill, per_replica) = hot_app(0.0);
+    let (first_spill, per_replica) = hot_app(0.0, 0.0);
     assert_eq!(first_spill, 1);
     assert!(per_replica.iter().all(|&n| n >= 8), "{per_replica:?}");
     // `live_slack` 1: the holder also takes one more cold prefill's worth of queue:
     // request 0 (5016) and requests 1-5 (1016 each) queue 10096 > 1.2 × 5016 + 5016 only
     // at request 6.
-    let (first_spill, _) = hot_app(1.0);
+    let (first_spill, _) = hot_app(1.0, 1.0);
     assert_eq!(first_spill, 6);
+    // `live_slack_private` 3: request 1's prefix came with request 0 alone (private, as a
+    // conversation's history), so the holder keeps it through 3 cold prefills of queue;
+    // request 2's came with two (shared, slack 0): it moves.
+    let (first_spill, _) = hot_app(0.0, 3.0);
+    assert_eq!(first_spill, 2);
 }
 
 #[test]
@@ -196,7 +202,9 @@ fn a_new_conversation_of_an_owned_cohort_goes_by_wait_not_to_its_owner() {
     // A small request that shares the first conversation's prefix queues on the owner.
     let small = p.choose(&req(&[1000, 2000, 5], 100, 12));
     assert_eq!(small.replica, first.replica);
-    let next = conversation(&mut p, &[3000, 4000], 13);
+    // (In the same millisecond: the book drains a queue's head at the learnt rate, and at
+    // about 100 work/ms the small request's 49 would be done a millisecond later.)
+    let next = conversation(&mut p, &[3000, 4000], 12);
     assert_ne!(next.replica, first.replica, "not behind the owner's queue");
     assert_eq!(next.reason, ChoiceReason::LeastLoaded);
 }

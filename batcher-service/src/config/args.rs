@@ -41,6 +41,13 @@ pub struct ServeArgs {
     /// Balance bound (see the policy).
     #[arg(long, env = "COHORT_BALANCE")]
     pub balance: Option<f64>,
+    /// Live load: extra wait a request may take on its prefix's holder, in its own cold
+    /// prefills (see the policy).
+    #[arg(long, env = "COHORT_LIVE_SLACK")]
+    pub live_slack: Option<f64>,
+    /// The same for a private prefix (a conversation's own history).
+    #[arg(long, env = "COHORT_LIVE_SLACK_PRIVATE")]
+    pub live_slack_private: Option<f64>,
     /// Fingerprint store: `cpu` or `gpu` (gpu falls back to cpu with one warning when the
     /// binary lacks the `cuda` feature or no GPU is usable).
     #[arg(long, env = "COHORT_STORE")]

@@ -34,6 +34,7 @@
 //! [policy]
 //! balance = 1.2                   # a replica takes work while under 1.2 × the mean load
 //! live_slack = 1.0                # (live load) extra wait on a prefix holder, in cold prefills
+//! live_slack_private = 3.0        # the same for a private prefix (a conversation's history)
 //! kv_blocks_per_replica = 16384   # each replica's prefix cache, in filter blocks (256 B)
 //!
 //! [headers]                       # as the filter's `headers` (docs/CONTRACT.md)
@@ -174,6 +175,12 @@ impl ServeConfig {
         if let Some(balance) = args.balance {
             config.policy.balance = balance;
         }
+        if let Some(slack) = args.live_slack {
+            config.policy.live_slack = slack;
+        }
+        if let Some(slack) = args.live_slack_private {
+            config.policy.live_slack_private = slack;
+        }
         if let Some(store) = args.store {
             config.store.backend = store;
         }
@@ -279,6 +286,10 @@ mod tests {
         // Each malformed value is refused at start with its field named, never defaulted.
         for (file, field) in [
             ("[policy]\nlive_slack = -1.0\n", "policy.live_slack"),
+            (
+                "[policy]\nlive_slack_private = inf\n",
+                "policy.live_slack_private",
+            ),
             ("[store]\nbackend = \"tpu\"\n", "backend"),
             ("[prefetch]\ndefault_level = \"hgh\"\n", "default_level"),
             ("[batch]\nmin_shared = 1.5\n", "min_shared"),

@@ -181,6 +181,10 @@ pub struct PolicySection {
     /// the prefill it adds; 0: the expected time to first token within `balance` decides
     /// alone; higher keeps prefixes in fewer caches at the cost of waiting.
     pub live_slack: f64,
+    /// `live_slack` for a private prefix: one a single earlier request sent to its holder,
+    /// as a conversation's history (3 by default). Moving it relocates the history and
+    /// relieves nothing lasting, so it stays home through more queue than a shared one.
+    pub live_slack_private: f64,
     /// Each replica's prefix-cache capacity in filter blocks (256 bytes of canonical
     /// prompt ≈ 64 tokens each). The default, 16,384 blocks, is about 1 M tokens of KV.
     pub kv_blocks_per_replica: usize,
@@ -194,6 +198,7 @@ impl Default for PolicySection {
             balance_slack_tokens: 4096.0,
             load_half_life_ms: policy.load_half_life_ms,
             live_slack: policy.live_slack,
+            live_slack_private: policy.live_slack_private,
             kv_blocks_per_replica: 16_384,
         }
     }

@@ -31,8 +31,8 @@ pub enum ConfigError {
     Balance(f64),
     #[error("policy.balance_slack_tokens must be a finite number ≥ 0, got {0}")]
     Slack(f64),
-    #[error("policy.live_slack must be a finite number ≥ 0, got {0}")]
-    LiveSlack(f64),
+    #[error("policy.{0} must be a finite number ≥ 0, got {1}")]
+    LiveSlack(&'static str, f64),
     #[error("replica {name}: {problem}")]
     ReplicaTarget { name: String, problem: String },
     #[error("batch mode needs a url for every replica or for none (missing: {0})")]
@@ -70,9 +70,13 @@ impl ServeConfig {
         if !slack.is_finite() || slack < 0.0 {
             return Err(ConfigError::Slack(slack));
         }
-        let live_slack = self.policy.live_slack;
-        if !live_slack.is_finite() || live_slack < 0.0 {
-            return Err(ConfigError::LiveSlack(live_slack));
+        for (name, slack) in [
+            ("live_slack", self.policy.live_slack),
+            ("live_slack_private", self.policy.live_slack_private),
+        ] {
+            if !slack.is_finite() || slack < 0.0 {
+                return Err(ConfigError::LiveSlack(name, slack));
+            }
         }
         self.validate_front()
     }

@@ -13,7 +13,13 @@
 //!   from each first byte: (the work queued ahead of the ticket when it opened + its own)
 //!   over its time to first byte, averaged. It turns pending work into time, so a slow
 //!   replica (a smaller GPU, a noisy neighbour, slots full of long decodes) looks slow;
-//! - **expected wait** ([`InFlight::wait_ms`]): pending work over the rate.
+//! - **backlog** ([`InFlight::backlog`]): the pending work less what the replica has done
+//!   of it since its last first byte. The request at the head of the queue has been
+//!   prefilling since the previous one's first byte (or since it arrived on an idle
+//!   replica): `rate × that time` of it is done, at most its own work. Without this a
+//!   replica half-way through a long prefill looked as busy as one that had just begun it,
+//!   and short requests went behind the wrong long one;
+//! - **expected wait** ([`InFlight::wait_ms`]): the backlog over the rate.
 //!
 //! A floor of the wait at the age of the oldest request still waiting was tried (it makes
 //! a stuck replica expensive before its late first bytes teach the rate) and dropped: on a
@@ -26,7 +32,7 @@
 //! replica's load for good. The book is bounded: beyond `max_tickets` open tickets a
 //! decision gets no ticket (0) and counts only in the decaying estimate.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 /// Weight of a new rate sample in the average.
 const RATE_WEIGHT: f64 = 0.2;
@@ -75,6 +81,12 @@ pub struct InFlight {
     max_tickets: usize,
     last_report_ms: Option<u64>,
     expired: u64,
+    /// Per replica: its pending tickets in the order they were opened, `(ticket, work)`
+    /// (entries already prefilled or closed are dropped lazily from the front), and when
+    /// the head of that queue started (the last first byte, or its arrival on an idle
+    /// replica).
+    queues: Vec<VecDeque<(u64, f64)>>,
+    head_since_ms: Vec<u64>,
 }
 
 impl InFlight {
@@ -87,6 +99,8 @@ impl InFlight {
             max_tickets,
             last_report_ms: None,
             expired: 0,
+            queues: vec![VecDeque::new(); replicas],
+            head_since_ms: vec![0; replicas],
         }
     }
 
@@ -97,12 +111,20 @@ impl InFlight {
         }
         self.next = self.next.wrapping_add(1).max(1);
         let work = if work.is_finite() { work.max(0.0) } else { 0.0 };
+        if self.replicas[replica].pending == 0 {
+            self.head_since_ms[replica] = now_ms;
+        }
+        let own_rate = self.replicas[replica].rate;
+        let ahead = own_rate.map_or(self.replicas[replica].pending_work, |rate| {
+            self.backlog(replica, rate, now_ms)
+        });
+        self.queues[replica].push_back((self.next, work));
         self.tickets.insert(
             self.next,
             Ticket {
                 replica,
                 work,
-                ahead: self.replicas[replica].pending_work,
+                ahead,
                 opened_ms: now_ms,
                 prefilled: false,
             },
@@ -114,8 +136,11 @@ impl InFlight {
         self.next
     }
 
-    fn unpend(replicas: &mut [ReplicaInFlight], t: &Ticket) {
-        let r = &mut replicas[t.replica];
+    /// Takes `t`'s work off its replica's pending total; the next request in line starts
+    /// its prefill at `now_ms`.
+    fn unpend(&mut self, t: &Ticket, now_ms: u64) {
+        self.head_since_ms[t.replica] = now_ms;
+        let r = &mut self.replicas[t.replica];
         r.pending = r.pending.saturating_sub(1);
         // With nothing pending the sum is exactly 0 (no floating-point residue).
         r.pending_work = if r.pending == 0 {
@@ -129,11 +154,12 @@ impl InFlight {
     /// Unknown tickets are ignored.
     pub fn first_byte(&mut self, ticket: u64, elapsed_ms: u32, now_ms: u64) -> Option<Reported> {
         self.last_report_ms = Some(now_ms);
-        let t = self.tickets.get_mut(&ticket)?;
-        if !t.prefilled {
-            t.prefilled = true;
-            let t = *t;
-            Self::unpend(&mut self.replicas, &t);
+        let entry = self.tickets.get_mut(&ticket)?;
+        let first = !entry.prefilled;
+        entry.prefilled = true;
+        let t = *entry;
+        if first {
+            self.unpend(&t, now_ms);
             let sample = (t.ahead + t.work) / f64::from(elapsed_ms.max(1));
             let rate = &mut self.replicas[t.replica].rate;
             *rate = Some(match *rate {
@@ -153,7 +179,7 @@ impl InFlight {
         self.last_report_ms = Some(now_ms);
         let t = self.tickets.remove(&ticket)?;
         if !t.prefilled {
-            Self::unpend(&mut self.replicas, &t);
+            self.unpend(&t, now_ms);
         }
         let r = &mut self.replicas[t.replica];
         r.in_flight = r.in_flight.saturating_sub(1);
@@ -177,7 +203,7 @@ impl InFlight {
         });
         for t in &gone {
             if !t.prefilled {
-                Self::unpend(&mut self.replicas, t);
+                self.unpend(t, now_ms);
             }
             let r = &mut self.replicas[t.replica];
             r.in_flight = r.in_flight.saturating_sub(1);
@@ -185,10 +211,32 @@ impl InFlight {
         self.expired += gone.len() as u64;
     }
 
-    /// How long a request sent to `replica` now would wait for its prefill to start, ms:
-    /// its pending work over `rate` (work per ms).
-    pub fn wait_ms(&self, replica: usize, rate: f64) -> f64 {
-        self.replica(replica).pending_work / rate.max(1e-6)
+    /// The prefill work still ahead of a request sent to `replica` at `now_ms`: its
+    /// pending work less what `rate` (work per ms) has done of the head of its queue since
+    /// that began (at most the head's own work).
+    pub fn backlog(&mut self, replica: usize, rate: f64, now_ms: u64) -> f64 {
+        let Some(pending) = self.replicas.get(replica).map(|r| r.pending_work) else {
+            return 0.0;
+        };
+        let tickets = &self.tickets;
+        let queue = &mut self.queues[replica];
+        while queue
+            .front()
+            .is_some_and(|(id, _)| tickets.get(id).is_none_or(|t| t.prefilled))
+        {
+            queue.pop_front();
+        }
+        let head = queue.front().map_or(0.0, |&(_, work)| work);
+        let since = now_ms.saturating_sub(self.head_since_ms[replica]) as f64;
+        let done = (rate.max(0.0) * since).min(head);
+        (pending - done).max(0.0)
+    }
+
+    /// How long a request sent to `replica` at `now_ms` would wait for its prefill to
+    /// start, ms: its [backlog](Self::backlog) over `rate` (work per ms).
+    pub fn wait_ms(&mut self, replica: usize, rate: f64, now_ms: u64) -> f64 {
+        let rate = rate.max(1e-6);
+        self.backlog(replica, rate, now_ms) / rate
     }
 
     /// The replica's learnt rate, else `default_rate` (work per ms, floored above 0).
@@ -275,12 +323,32 @@ mod tests {
         assert_eq!(book.replica(0).rate, Some(2.0));
         // 300 work queued: 150 ms at 2/ms.
         let b = book.open(0, 300.0, 100);
-        assert_eq!(book.wait_ms(0, book.rate(0, 1.0)), 150.0);
+        assert_eq!(book.wait_ms(0, book.rate(0, 1.0), 100), 150.0);
         // A second sample moves the average a fifth of the way: 300 / 300 ms = 1 → 1.8.
         book.first_byte(b, 300, 400);
         assert!((book.rate(0, 1.0) - 1.8).abs() < 1e-9);
         assert_eq!(book.rate(1, 1.0), 1.0, "replica 1 uses the default rate");
         assert_eq!(book.mean_rate(), Some(book.rate(0, 1.0)));
+    }
+
+    #[test]
+    fn the_backlog_drains_the_head_of_the_queue_between_first_bytes() {
+        let mut book = InFlight::new(1, 10_000, 10);
+        let a = book.open(0, 100.0, 0);
+        let b = book.open(0, 40.0, 10);
+        // At 1 work/ms, 30 ms into `a`: 70 of it and all of `b` remain.
+        assert_eq!(book.backlog(0, 1.0, 30), 110.0);
+        // Past `a`'s own work the head is late: `b` is not counted done on a guess.
+        assert_eq!(book.backlog(0, 1.0, 500), 40.0);
+        // `a`'s first byte at 120: `b` starts then.
+        book.first_byte(a, 120, 120);
+        assert_eq!(book.backlog(0, 1.0, 130), 30.0);
+        book.first_byte(b, 160, 160);
+        assert_eq!(book.backlog(0, 1.0, 170), 0.0);
+        // An idle replica's clock restarts with the next request.
+        book.open(0, 50.0, 1_000);
+        assert_eq!(book.backlog(0, 1.0, 1_000), 50.0);
+        assert_eq!(book.backlog(0, 1.0, 1_020), 30.0);
     }
 
     #[test]

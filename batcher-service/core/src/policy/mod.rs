@@ -23,8 +23,8 @@
 //!    - **live load** (the filters' progress reports are arriving, [`in_flight`]): the
 //!      expected time to first token in ms, `P_r = W_r + (u_r + prefill_base) / μ_r`.
 //!      `W_r` is the wait before this request's prefill: the prefill work of requests
-//!      sent to `r` with no first byte yet (or a fresh engine-reported queue, if longer)
-//!      over `μ_r`. `μ_r` is the fleet's mean service rate learnt from first bytes, or the
+//!      sent to `r` with no first byte yet, less what `r` has done of the head one since
+//!      it began (or a fresh engine-reported queue, if longer), over `μ_r`. `μ_r` is the fleet's mean service rate learnt from first bytes, or the
 //!      replica's own when that is below half of it (a slow replica). The bound is
 //!      `balance · min_r P_r + live_slack · (c + prefill_base) / μ̄`; `live_slack` (1 by
 //!      default) lets a request wait on its prefix's holder up to that many of its own cold
@@ -185,6 +185,11 @@ pub struct PolicyConfig {
     /// puts the prefix in one more cache; this is what a request is asked to pay, at most,
     /// to spare the fleet that.
     pub live_slack: f64,
+    /// Live load: `live_slack` for a private prefix, one that a single earlier request
+    /// sent to its holder (a conversation's own history, which no other request will
+    /// share): moving it relocates the history and relieves nothing lasting, so it is held
+    /// harder than a shared prefix, whose second holder splits that prefix's future load.
+    pub live_slack_private: f64,
     /// Live load: the service rate (work units per ms) assumed for a replica until its
     /// first bytes teach its own; the fleet's mean learnt rate replaces it once there is one.
     pub default_rate_per_ms: f64,
@@ -218,6 +223,7 @@ impl Default for PolicyConfig {
             max_tickets: 65_536,
             prefill_base_work: 16.0,
             live_slack: 1.0,
+            live_slack_private: 3.0,
             default_rate_per_ms: 1.0,
         }
     }
@@ -338,6 +344,7 @@ pub struct Policy {
     mean_prefill: f64,
     // Scratch buffers reused across decisions.
     matched: Vec<usize>,
+    uses: Vec<u32>,
     work: Vec<f64>,
     prefill: Vec<f64>,
     projected: Vec<f64>,
@@ -393,6 +400,7 @@ impl Policy {
             queued: vec![None; n],
             mean_prefill: config.prefill_base_work.max(1.0),
             matched: vec![0; n],
+            uses: vec![0; n],
             work: vec![0.0; n],
             prefill: vec![0.0; n],
             projected: vec![0.0; n],
@@ -453,8 +461,8 @@ impl Policy {
                 } else {
                     fleet_rate
                 };
-                let pending = self.in_flight.replica(r).pending_work;
-                self.wait[r] = pending.max(self.engine_queue(r, now)) / rate;
+                let backlog = self.in_flight.backlog(r, rate, now);
+                self.wait[r] = backlog.max(self.engine_queue(r, now)) / rate;
                 self.rate[r] = rate;
             }
         }
@@ -463,7 +471,8 @@ impl Policy {
         let mut cost_min = f64::INFINITY;
         let any_available = self.available.iter().any(|&a| a);
         for r in 0..n {
-            let m = self.states[r].matched(blocks);
+            let (m, uses) = self.states[r].matched_uses(blocks);
+            self.uses[r] = uses;
             let uncached = if blocks.is_empty() {
                 cost
             } else {
@@ -489,8 +498,7 @@ impl Policy {
             // Live: the expected time to first token in work units (the queue a request
             // waits behind plus its own uncached prefill). A replica is eligible while
             // within `balance` of the best; among those the longest prefix wins.
-            self.balance * cost_min
-                + finite_or_zero(self.config.live_slack) * (cost + base) / fleet_rate
+            self.balance * cost_min + self.slack() * (cost + base) / fleet_rate
         } else {
             let mean = (total + w_min) / n as f64;
             let slack = if self.config.balance_slack.is_finite() {
@@ -613,6 +621,24 @@ impl Policy {
             reason,
             ticket,
         }
+    }
+
+    /// The live slack for the request just matched (`matched`, `uses`): the private one
+    /// when its longest prefix, longer than some replica's, came with one request only.
+    fn slack(&self) -> f64 {
+        let best = self.matched.iter().copied().max().unwrap_or(0);
+        let floor = self.matched.iter().copied().min().unwrap_or(0);
+        let private = best > floor
+            && self
+                .matched
+                .iter()
+                .zip(&self.uses)
+                .all(|(&m, &u)| m < best || u <= 1);
+        finite_or_zero(if private {
+            self.config.live_slack_private
+        } else {
+            self.config.live_slack
+        })
     }
 
     /// A fresh engine-reported queue on `replica` in work units (`waiting × mean

@@ -11,6 +11,11 @@
 //! periodic sweep, which is the fix for SGLang's radix tree growing without bound between
 //! eviction ticks.
 //!
+//! Each block also counts the requests that brought it here (`uses`): the last block of
+//! a request's match tells whether that prefix is shared (an application's system prompt,
+//! sent by many requests) or private (a conversation's history, sent by its previous turn
+//! alone). The policy holds a private prefix harder (`live_slack_private`).
+//!
 //! Order of touches: a request's blocks are touched from the last to the first, so a
 //! prefix is always at least as recent as any of its extensions and eviction takes the
 //! leaves (the tail of an old conversation) before the trunk (the shared system prompt),
@@ -23,7 +28,8 @@ use lru::LruCache;
 /// One replica's approximate prefix-block state: a capped LRU set of block hashes.
 #[derive(Debug)]
 pub struct PrefixState {
-    blocks: LruCache<u64, ()>,
+    /// Block hash → requests recorded with it.
+    blocks: LruCache<u64, u32>,
     evictions: u64,
 }
 
@@ -45,6 +51,23 @@ impl PrefixState {
             .count()
     }
 
+    /// Number of leading blocks of `blocks` held here, and how many recorded requests
+    /// carried the last of them (0 when none is held).
+    pub fn matched_uses(&self, blocks: &[u64]) -> (usize, u32) {
+        let mut uses = 0;
+        let mut n = 0;
+        for b in blocks {
+            match self.blocks.peek(b) {
+                Some(&u) => {
+                    uses = u;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        (n, uses)
+    }
+
     /// Whether one block hash is held (no recency change).
     pub fn contains(&self, block: u64) -> bool {
         self.blocks.contains(&block)
@@ -55,10 +78,10 @@ impl PrefixState {
     pub fn record(&mut self, blocks: &[u64]) -> u64 {
         let mut evicted = 0;
         for &b in blocks.iter().rev() {
-            if let Some((old, ())) = self.blocks.push(b, ()) {
-                if old != b {
-                    evicted += 1;
-                }
+            if let Some(uses) = self.blocks.get_mut(&b) {
+                *uses = uses.saturating_add(1);
+            } else if self.blocks.push(b, 1).is_some() {
+                evicted += 1;
             }
         }
         self.evictions += evicted;
@@ -102,6 +125,10 @@ mod tests {
         assert_eq!(s.len(), 4);
         assert!(s.contains(1) && !s.contains(3));
         assert_eq!(s.evictions(), 1);
+        // Block 1 came with both requests, 2 with the first only.
+        assert_eq!(s.matched_uses(&[1, 2, 9]), (2, 1));
+        assert_eq!(s.matched_uses(&[1, 9]), (1, 2));
+        assert_eq!(s.matched_uses(&[9]), (0, 0));
         let z = PrefixState::new(0);
         assert_eq!(z.capacity(), 1);
     }

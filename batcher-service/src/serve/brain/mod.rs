@@ -122,6 +122,7 @@ impl Brain {
             balance_slack: config.policy.balance_slack_tokens,
             load_half_life_ms: config.policy.load_half_life_ms * shards as u64,
             live_slack: config.policy.live_slack,
+            live_slack_private: config.policy.live_slack_private,
             ..PolicyConfig::new(
                 config.replicas.len(),
                 (config.policy.kv_blocks_per_replica / shards).max(1),
