@@ -24,8 +24,11 @@
 //!      expected time to first token in ms, `P_r = W_r + (u_r + prefill_base) / μ_r`.
 //!      `W_r` is the wait before this request's prefill: the prefill work of requests
 //!      sent to `r` with no first byte yet, less what `r` has done of the head one since
-//!      it began (or a fresh engine-reported queue, if longer), over `μ_r`. `μ_r` is the fleet's mean service rate learnt from first bytes, or the
-//!      replica's own when that is below half of it (a slow replica). The bound is
+//!      it began (or a fresh engine-reported queue, if longer), over `μ_r`. `μ_r` is the
+//!      fleet's mean service rate learnt from first bytes, or the replica's own when that
+//!      is below half of it (a slow replica). Without the head's progress a replica
+//!      nearly through a long prefill looked as busy as one just starting it (Mooncake
+//!      · 4: TTFT p90 0.89 → 0.80× sglang-router's with it). The bound is
 //!      `balance · min_r P_r + live_slack · (c + prefill_base) / μ̄`; `live_slack` (1 by
 //!      default) lets a request wait on its prefix's holder up to that many of its own cold
 //!      prefills longer than elsewhere, to keep the prefix in fewer caches. At 1 a request
@@ -34,7 +37,16 @@
 //!      there): the cost to others that a TTFT-greedy rule ignores. At 0 (TTFT-greedy)
 //!      three llama-server replicas sharing two cores (the README demo) spread every
 //!      app's prefix over all of them and cached 1.6× round-robin's tokens with a worse
-//!      p95; at 1, 2.1–2.2× with p50 and p95 both better (docs/BENCHMARKS.md);
+//!      p95; at 1, 2.1–2.2× with p50 and p95 both better (docs/BENCHMARKS.md).
+//!      A *private* prefix gets `live_slack_private` (3) instead: one whose last matched
+//!      block only one earlier request brought to its holder ([`prefix_state`] counts
+//!      them), i.e. a conversation's own history. Moving a shared prefix (an app's system
+//!      prompt) gives it a second holder that splits its future load; moving a private
+//!      one re-prefills the history elsewhere and relieves nothing lasting, because the
+//!      holder's queue is other requests'. Measured on mooncake-conv · 4 (2026-12-05): one
+//!      slack for both at 1 gave hits 0.91× sglang-router's, at 30 1.01× with TTFT p90
+//!      +3%; the README demo's p50 went from 0.4× round-robin's to 0.7× at 3. Split, both
+//!      keep their best;
 //!    - **estimate** (no reports): `P_r = L_r + u_r + per_request_work`, with `L_r` the
 //!      decaying assigned work ([`load`]); the bound is `balance · mean + balance_slack`,
 //!      `mean = (Σ L + min_r w_r) / replicas`.
