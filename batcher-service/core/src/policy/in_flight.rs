@@ -118,6 +118,7 @@ impl InFlight {
         let ahead = own_rate.map_or(self.replicas[replica].pending_work, |rate| {
             self.backlog(replica, rate, now_ms)
         });
+        self.prune(replica);
         self.queues[replica].push_back((self.next, work));
         self.tickets.insert(
             self.next,
@@ -218,6 +219,16 @@ impl InFlight {
         let Some(pending) = self.replicas.get(replica).map(|r| r.pending_work) else {
             return 0.0;
         };
+        self.prune(replica);
+        let head = self.queues[replica].front().map_or(0.0, |&(_, work)| work);
+        let since = now_ms.saturating_sub(self.head_since_ms[replica]) as f64;
+        let done = (rate.max(0.0) * since).min(head);
+        (pending - done).max(0.0)
+    }
+
+    /// Drops the front entries of `replica`'s queue that are no longer pending (called on
+    /// every open too, so the queue stays bounded when nothing asks for the backlog).
+    fn prune(&mut self, replica: usize) {
         let tickets = &self.tickets;
         let queue = &mut self.queues[replica];
         while queue
@@ -226,10 +237,6 @@ impl InFlight {
         {
             queue.pop_front();
         }
-        let head = queue.front().map_or(0.0, |&(_, work)| work);
-        let since = now_ms.saturating_sub(self.head_since_ms[replica]) as f64;
-        let done = (rate.max(0.0) * since).min(head);
-        (pending - done).max(0.0)
     }
 
     /// How long a request sent to `replica` at `now_ms` would wait for its prefill to
