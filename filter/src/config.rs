@@ -16,10 +16,14 @@
 //!   "batcher_clusters": [],
 //!   "assign_deadline_ms": 25,
 //!   "observe": true,
-//!   "headers": { "key": "x-cohort-key", "...": "..." }
+//!   "headers": { "key": "x-cohort-key", "...": "..." },
+//!   "rollout": { "share": 1.0, "key_header": "x-cohort-session" },
+//!   "breaker": { "enabled": true, "window_s": 10, "max_error_rate": 0.005, "...": "..." }
 //! }
 //! ```
 
+use crate::breaker::BreakerConfig;
+use crate::rollout::Rollout;
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -52,7 +56,7 @@ use cohort_fingerprint::headers::HeaderNameError;
 pub use cohort_fingerprint::headers::HeaderNames;
 
 /// The whole plugin configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FilterConfig {
     pub mode: Mode,
@@ -82,6 +86,10 @@ pub struct FilterConfig {
     /// Whether to stream observations to the batcher (when `batcher_clusters` is set).
     pub observe: bool,
     pub headers: HeaderNames,
+    /// Which users and routes Cohort acts on; the rest is the hold-out ([`crate::rollout`]).
+    pub rollout: Rollout,
+    /// The automatic breaker ([`crate::breaker`]).
+    pub breaker: BreakerConfig,
 }
 
 impl Default for FilterConfig {
@@ -105,12 +113,14 @@ impl Default for FilterConfig {
             assign_deadline_ms: 25,
             observe: true,
             headers: HeaderNames::default(),
+            rollout: Rollout::default(),
+            breaker: BreakerConfig::default(),
         }
     }
 }
 
 /// Why a configuration was refused.
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Debug, Error, PartialEq)]
 pub enum ConfigError {
     #[error("configuration is not valid JSON for the cohort filter: {0}")]
     Json(String),
@@ -131,6 +141,15 @@ pub enum ConfigError {
     BatcherClusters(Vec<String>),
     #[error("mode {0} needs at least one entry in batcher_clusters")]
     NoBatcher(&'static str),
+    #[error("{field} must be between {min} and {max}, got {value}")]
+    OutOfRangeF {
+        field: &'static str,
+        value: f64,
+        min: f64,
+        max: f64,
+    },
+    #[error("rollout.key_header {0:?} must be a lowercase HTTP token that Cohort does not reserve for itself")]
+    RolloutKeyHeader(String),
 }
 
 impl FilterConfig {
@@ -182,7 +201,46 @@ impl FilterConfig {
         if self.mode != Mode::Affinity && clusters.is_empty() {
             return Err(ConfigError::NoBatcher(self.mode.as_str()));
         }
-        Ok(self.headers.validate(&self.tenant_header)?)
+        self.headers.validate(&self.tenant_header)?;
+        self.validate_rollout()
+    }
+
+    fn validate_rollout(&self) -> Result<(), ConfigError> {
+        range_f("rollout.share", self.rollout.share, 0.0, 1.0)?;
+        if let Some(name) = &self.rollout.key_header {
+            if !cohort_fingerprint::headers::is_header_token(name)
+                || self.headers.reserved().contains(&name.as_str())
+            {
+                return Err(ConfigError::RolloutKeyHeader(name.clone()));
+            }
+        }
+        let b = &self.breaker;
+        range("breaker.window_s", b.window_s, 1, 3600)?;
+        range("breaker.min_requests", b.min_requests, 1, 1_000_000)?;
+        range_f("breaker.max_error_rate", b.max_error_rate, 0.0, 1.0)?;
+        range_f(
+            "breaker.max_latency_increase",
+            b.max_latency_increase,
+            0.0,
+            1000.0,
+        )?;
+        range_f(
+            "breaker.min_latency_delta_ms",
+            b.min_latency_delta_ms,
+            0.0,
+            600_000.0,
+        )?;
+        range("breaker.cool_down_s", b.cool_down_s, 1, 86_400)?;
+        range_f("breaker.probe_share", b.probe_share, 0.0001, 1.0)?;
+        range("breaker.probe_s", b.probe_s, 1, 3600)
+    }
+
+    /// The header a request's rollout bucket is taken from.
+    pub fn rollout_key_header(&self) -> &str {
+        self.rollout
+            .key_header
+            .as_deref()
+            .unwrap_or(&self.headers.session)
     }
 
     /// True when `path` (query string ignored) is one of the LLM API paths.
@@ -192,6 +250,20 @@ impl FilterConfig {
         self.api_paths
             .iter()
             .any(|suffix| path.ends_with(suffix.as_str()))
+    }
+}
+
+fn range_f(field: &'static str, value: f64, min: f64, max: f64) -> Result<(), ConfigError> {
+    // NaN fails the range test too.
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(ConfigError::OutOfRangeF {
+            field,
+            value,
+            min,
+            max,
+        })
     }
 }
 
@@ -252,6 +324,23 @@ mod tests {
         assert!(err("not json").contains("not valid JSON"));
         assert!(err(r#"{"batcher_clusters":["a","a"]}"#).contains("distinct"));
         assert!(err(r#"{"mode":"assign","batcher_clusters":[]}"#).contains("needs at least one"));
+        assert!(err(r#"{"rollout":{"share":1.5}}"#).contains("rollout.share must be between"));
+        assert!(err(r#"{"rollout":{"key_header":"X-User"}}"#).contains("key_header"));
+        assert!(err(r#"{"rollout":{"key_header":"x-cohort-key"}}"#).contains("key_header"));
+        assert!(err(r#"{"rollout":{"shares":1}}"#).contains("unknown field"));
+        assert!(err(r#"{"breaker":{"window_s":0}}"#).contains("breaker.window_s"));
+        assert!(err(r#"{"breaker":{"probe_share":0}}"#).contains("breaker.probe_share"));
+        assert!(err(r#"{"breaker":{"max_error_rate":2}}"#).contains("max_error_rate"));
+    }
+
+    #[test]
+    fn the_rollout_key_defaults_to_the_session_header() {
+        let config = FilterConfig::parse(br#"{"headers":{"session":"x-conv"}}"#).unwrap();
+        assert_eq!(config.rollout_key_header(), "x-conv");
+        let config =
+            FilterConfig::parse(br#"{"rollout":{"share":0.05,"key_header":"x-user-id"}}"#).unwrap();
+        assert_eq!(config.rollout_key_header(), "x-user-id");
+        assert_eq!(config.rollout.treated_buckets(), 500);
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! 3. [`route_body`]: at the end of the body, the fingerprint becomes routing headers, or
 //!    the request is bypassed with the core's reason.
 
+use crate::breaker;
 use crate::config::FilterConfig;
+use crate::rollout::{self, BUCKETS, REQUEST_ID};
 use cohort_fingerprint::knobs::{ParsedKnobs, RawKnobs};
 use cohort_fingerprint::{
     fingerprint_with, Fingerprint, IntentSketch, Request, SemanticMode, TenantSalt, SKETCH_VERSION,
@@ -27,6 +29,12 @@ pub mod reason {
     pub const NO_BODY: &str = "no_body";
     pub const INVALID_CONFIG: &str = "invalid_config";
     pub const INTERNAL: &str = "internal_error";
+    /// Not in the rollout's sampled share (left exactly as it came).
+    pub const HOLDOUT: &str = "holdout";
+    /// On a route Cohort is not enabled for (left exactly as it came).
+    pub const ROUTE_DISABLED: &str = "route_disabled";
+    /// The breaker is open (or half-open and this request is not a probe).
+    pub const BREAKER_OPEN: &str = "breaker_open";
 }
 
 /// Every bypass reason, for counters defined up front.
@@ -37,6 +45,9 @@ pub fn all_bypass_reasons() -> Vec<BypassReason> {
         reason::NO_BODY,
         reason::INVALID_CONFIG,
         reason::INTERNAL,
+        reason::HOLDOUT,
+        reason::ROUTE_DISABLED,
+        reason::BREAKER_OPEN,
     ];
     for core in cohort_fingerprint::error::BYPASS_REASONS {
         if !reasons.contains(core) {
@@ -159,6 +170,62 @@ pub fn inspect_headers(
         tenant: tenant.map(str::to_owned),
         session: first(headers, &names.session).map(str::to_owned),
     }))
+}
+
+/// What the rollout and the breaker say about a request Cohort would act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Cohort acts on it.
+    Treat,
+    /// Forwarded exactly as it came, nothing written upstream: the hold-out, or a route
+    /// Cohort is not enabled on. The reason shows in the response header and counters.
+    Untouched(BypassReason),
+    /// Passed through with the bypass header, like any other bypass (the breaker).
+    Bypass(BypassReason),
+}
+
+/// Decides, for an LLM API request with its `plan`, whether Cohort acts on it: the route
+/// (`route_name`, Envoy's `xds.route_name`), the rollout's sampled share (by the stable
+/// bucket of the user key, salted per tenant), then the breaker's state.
+pub fn admit(
+    config: &FilterConfig,
+    plan: &RequestPlan,
+    headers: &[(String, String)],
+    route_name: Option<&str>,
+    breaker: breaker::State,
+) -> Admission {
+    let rollout = &config.rollout;
+    if rollout.filters_routes() && !rollout.route_enabled(route_name) {
+        return Admission::Untouched(reason::ROUTE_DISABLED);
+    }
+    let treated = rollout.treated_buckets();
+    let bucket = if treated < BUCKETS || breaker == breaker::State::HalfOpen {
+        let salt = TenantSalt::new(config.salt_secret.as_bytes(), plan.tenant.as_deref());
+        rollout::request_bucket(
+            salt,
+            first(headers, config.rollout_key_header()),
+            first(headers, REQUEST_ID),
+        )
+    } else {
+        None
+    };
+    if treated < BUCKETS && bucket.is_none_or(|b| b >= treated) {
+        return Admission::Untouched(reason::HOLDOUT);
+    }
+    match breaker {
+        breaker::State::Closed => Admission::Treat,
+        breaker::State::Open => Admission::Bypass(reason::BREAKER_OPEN),
+        breaker::State::HalfOpen => {
+            // Probes: the first `probe_share` of the treated buckets, so the same users
+            // probe for the whole half-open period.
+            let probes = rollout::share_buckets(rollout.share * config.breaker.probe_share);
+            if bucket.is_some_and(|b| b < probes) {
+                Admission::Treat
+            } else {
+                Admission::Bypass(reason::BREAKER_OPEN)
+            }
+        }
+    }
 }
 
 /// Headers to write for a fingerprinted request, and the fingerprint itself.
@@ -364,6 +431,80 @@ mod tests {
         assert_eq!(plan.knobs.invalid.len(), 1);
         assert_eq!(plan.knobs.invalid[0].knob.as_str(), "semantic_mode");
         assert_eq!(plan.knobs.knobs.prefetch.as_str(), "high");
+    }
+
+    #[test]
+    fn the_rollout_holds_out_users_and_the_breaker_bypasses_or_probes() {
+        use crate::breaker::State;
+        let config = FilterConfig::parse(
+            br#"{"rollout":{"share":0.25,"key_header":"x-user-id"},"breaker":{"probe_share":0.5}}"#,
+        )
+        .unwrap();
+        let verdicts = |state: State| {
+            let mut counts = std::collections::BTreeMap::new();
+            for i in 0..4_000 {
+                let user = format!("user-{i}");
+                let sent = headers(&[
+                    ("x-user-id", user.as_str()),
+                    ("x-request-id", "same-for-all"),
+                ]);
+                let plan = plan(inspect_headers(&config, &sent, None));
+                let verdict = admit(&config, &plan, &sent, None, state);
+                // The same user always gets the same verdict.
+                assert_eq!(verdict, admit(&config, &plan, &sent, None, state));
+                *counts.entry(format!("{verdict:?}")).or_insert(0) += 1;
+            }
+            counts
+        };
+        let closed = verdicts(State::Closed);
+        let treated = closed["Treat"];
+        assert!((900..=1_100).contains(&treated), "{closed:?}");
+        assert_eq!(closed[r#"Untouched("holdout")"#], 4_000 - treated);
+        let open = verdicts(State::Open);
+        assert_eq!(open[r#"Bypass("breaker_open")"#], treated, "{open:?}");
+        let half = verdicts(State::HalfOpen);
+        let probes = half["Treat"];
+        assert!((400..=600).contains(&probes), "{half:?}");
+        assert_eq!(half[r#"Bypass("breaker_open")"#], treated - probes);
+        assert_eq!(half[r#"Untouched("holdout")"#], 4_000 - treated);
+        // Without the key header the request id is the key; with neither, held out.
+        let by_id = headers(&[("x-request-id", "r-1")]);
+        let p = plan(inspect_headers(&config, &by_id, None));
+        let salt = TenantSalt::new(b"", None);
+        let expected = if rollout::bucket(salt, "r-1") < 2_500 {
+            Admission::Treat
+        } else {
+            Admission::Untouched(reason::HOLDOUT)
+        };
+        assert_eq!(admit(&config, &p, &by_id, None, State::Closed), expected);
+        let keyless = headers(&[]);
+        let p = plan(inspect_headers(&config, &keyless, None));
+        assert_eq!(
+            admit(&config, &p, &keyless, None, State::Closed),
+            Admission::Untouched(reason::HOLDOUT)
+        );
+        // Everyone is treated at share 1, key or not.
+        let all = FilterConfig::default();
+        assert_eq!(
+            admit(&all, &p, &keyless, None, State::Closed),
+            Admission::Treat
+        );
+    }
+
+    #[test]
+    fn routes_can_be_turned_off() {
+        let config = FilterConfig::parse(br#"{"rollout":{"disabled_routes":["legacy"]}}"#).unwrap();
+        let sent = headers(&[]);
+        let p = plan(inspect_headers(&config, &sent, None));
+        let state = crate::breaker::State::Closed;
+        assert_eq!(
+            admit(&config, &p, &sent, Some("legacy"), state),
+            Admission::Untouched(reason::ROUTE_DISABLED)
+        );
+        assert_eq!(
+            admit(&config, &p, &sent, Some("chat"), state),
+            Admission::Treat
+        );
     }
 
     #[test]

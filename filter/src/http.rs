@@ -14,8 +14,9 @@
 //! Either way the request's observation is queued for the root context to stream.
 
 use crate::batcher;
+use crate::breaker::{self, Group};
 use crate::config::{FilterConfig, Mode};
-use crate::decision::{self, reason, HeadersVerdict, RequestPlan, Routing};
+use crate::decision::{self, reason, Admission, HeadersVerdict, RequestPlan, Routing};
 use crate::root::{unix_ms, Shared};
 use cohort_fingerprint::{IntentSketch, SKETCH_VERSION};
 use cohort_proto as pb;
@@ -73,6 +74,8 @@ pub struct CohortHttp {
     buffered: usize,
     /// Assign mode: what to report as the response goes by.
     progress: Option<Progress>,
+    /// When the request headers came, for the breaker's outcome (only while it is on).
+    started: Option<SystemTime>,
 }
 
 impl CohortHttp {
@@ -82,6 +85,7 @@ impl CohortHttp {
             state: State::Untouched,
             buffered: 0,
             progress: None,
+            started: None,
         }
     }
 
@@ -123,6 +127,57 @@ impl CohortHttp {
         }
         debug!("cohort: bypass {reason}");
         self.state = State::Bypassed(reason);
+    }
+
+    /// Leaves the request exactly as it came (nothing written upstream) for `reason`: the
+    /// hold-out or a disabled route. Counted, and named in the response header.
+    fn untouched(&mut self, reason: &'static str) {
+        if let Some(stats) = &self.shared.stats {
+            stats.count_bypass(reason);
+        }
+        debug!("cohort: untouched ({reason})");
+        self.state = State::Bypassed(reason);
+    }
+
+    /// Reports the response's outcome to the breaker when the request belongs to one of
+    /// the groups it compares (routed by Cohort, or held out).
+    fn record_outcome(&self) {
+        let Some(started) = self.started else { return };
+        let group = match &self.state {
+            State::Routed { .. } => Group::Cohort,
+            State::Bypassed(why) if *why == reason::HOLDOUT => Group::Holdout,
+            _ => return,
+        };
+        let status = self
+            .get_http_response_header_bytes(":status")
+            .and_then(|b| std::str::from_utf8(&b).ok()?.parse::<u16>().ok())
+            .unwrap_or(0);
+        let error = status >= 500;
+        let now = self.get_current_time();
+        let latency_ms = now
+            .duration_since(started)
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        self.shared
+            .breaker
+            .borrow_mut()
+            .pending
+            .record(unix_ms(now), group, error, latency_ms);
+        if let Some(stats) = &self.shared.stats {
+            let (all, errors) = match group {
+                Group::Cohort => (stats.responses_routed, stats.responses_routed_5xx),
+                Group::Holdout => (stats.responses_holdout, stats.responses_holdout_5xx),
+            };
+            stats.inc(all);
+            if error {
+                stats.inc(errors);
+            }
+        }
+    }
+
+    /// The Envoy route this request matched (`xds.route_name`), if the host says.
+    fn route_name(&self) -> Option<String> {
+        let bytes = self.get_property(vec!["xds", "route_name"])?;
+        String::from_utf8(bytes).ok()
     }
 
     /// With an invalid configuration nothing is touched, but LLM API requests (by the
@@ -415,11 +470,35 @@ impl HttpContext for CohortHttp {
                 self.bypass(reason);
                 Action::Continue
             }
-            HeadersVerdict::Buffer(_) if end_of_stream => {
-                self.bypass(reason::NO_BODY);
-                Action::Continue
-            }
             HeadersVerdict::Buffer(plan) => {
+                let route = if config.rollout.filters_routes() {
+                    self.route_name()
+                } else {
+                    None
+                };
+                let breaker_state = if config.breaker.enabled {
+                    shared.breaker.borrow().state
+                } else {
+                    breaker::State::Closed
+                };
+                if config.breaker.enabled {
+                    self.started = Some(self.get_current_time());
+                }
+                match decision::admit(config, &plan, &headers, route.as_deref(), breaker_state) {
+                    Admission::Treat => {}
+                    Admission::Untouched(reason) => {
+                        self.untouched(reason);
+                        return Action::Continue;
+                    }
+                    Admission::Bypass(reason) => {
+                        self.bypass(reason);
+                        return Action::Continue;
+                    }
+                }
+                if end_of_stream {
+                    self.bypass(reason::NO_BODY);
+                    return Action::Continue;
+                }
                 if let Some(stats) = &shared.stats {
                     stats.count_invalid_knobs(&plan.knobs.invalid);
                 }
@@ -462,6 +541,7 @@ impl HttpContext for CohortHttp {
         let Ok(config) = &self.shared.config else {
             return Action::Continue;
         };
+        self.record_outcome();
         let detail = match &self.state {
             State::Routed {
                 cluster,

@@ -7,15 +7,20 @@
 //! - [`config`]: the plugin configuration (JSON), defaults and validation;
 //! - [`decision`]: what to do with a request, as pure functions (tested natively);
 //! - [`batcher`]: the `cohort.v1` messages, shard choice and observation outbox (pure);
+//! - [`rollout`]: the sampled share of users Cohort acts on, and the hold-out (pure);
+//! - [`breaker`]: the automatic breaker that compares the two and switches Cohort off (pure);
 //! - `stats`: the Envoy counters and histograms (`cohort_*`);
-//! - `root`: per-VM setup (configuration, stats) and the `Observe` streams;
+//! - `root`: per-VM setup (configuration, stats), the `Observe` streams, and folding this
+//!   worker's outcomes into the breaker all workers share;
 //! - `http`: per-request glue between Envoy's callbacks and [`decision`], and `Assign`.
 //!
 //! The proxy-wasm glue is compiled for wasm32 only; the pure modules build everywhere.
 
 pub mod batcher;
+pub mod breaker;
 pub mod config;
 pub mod decision;
+pub mod rollout;
 
 #[cfg(target_arch = "wasm32")]
 mod http;

@@ -9,8 +9,13 @@
 //! sends what is queued in batches. Only the root context can send on a stream it opened,
 //! which is why the queue is shared and the sending is here. A stream is opened only once
 //! there is something to send, so the main thread's VM, which sees no requests, opens none.
+//!
+//! The breaker ([`crate::breaker`]): HTTP contexts record their outcomes in
+//! [`Shared::breaker`]; every [`BREAKER_SYNC`] the root context folds them into the state
+//! all workers share (proxy-wasm shared data, compare-and-swap) and reads the state back.
 
 use crate::batcher::{Closed, Flush, Outbox};
+use crate::breaker::{self, Breaker, Window};
 use crate::config::FilterConfig;
 use crate::http::CohortHttp;
 use crate::stats::Stats;
@@ -18,13 +23,31 @@ use cohort_proto as pb;
 use log::{error, info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::ContextType;
+use proxy_wasm::types::{ContextType, Status};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
 /// How often queued observations are sent.
 const OBSERVE_TICK: Duration = Duration::from_millis(20);
+/// The tick when only the breaker needs one.
+const BREAKER_TICK: Duration = Duration::from_millis(100);
+/// How often a worker folds its outcomes into the shared breaker and reads its state.
+pub const BREAKER_SYNC: Duration = Duration::from_millis(500);
+/// Tries of one fold against concurrent writers before keeping the outcomes for later.
+const CAS_TRIES: usize = 8;
+
+/// This VM's side of the breaker.
+#[derive(Default)]
+pub struct BreakerLocal {
+    /// The state as last read from the shared breaker.
+    pub state: breaker::State,
+    /// Outcomes recorded since the last fold.
+    pub pending: Window,
+    /// The shared-data key (one breaker per plugin).
+    key: String,
+    next_sync_ms: u64,
+}
 
 /// What every HTTP context of this VM shares.
 pub struct Shared {
@@ -34,6 +57,7 @@ pub struct Shared {
     pub stats: Option<Stats>,
     /// Observations waiting for the root context to send them, per batcher shard.
     pub outbox: RefCell<Outbox>,
+    pub breaker: RefCell<BreakerLocal>,
 }
 
 /// Milliseconds since the Unix epoch from the host's clock.
@@ -53,6 +77,7 @@ impl Default for CohortRoot {
                 config: Err("not configured yet".into()),
                 stats: None,
                 outbox: RefCell::new(Outbox::new(0)),
+                breaker: RefCell::new(BreakerLocal::default()),
             }),
         }
     }
@@ -121,6 +146,59 @@ impl CohortRoot {
     }
 }
 
+impl CohortRoot {
+    /// Folds this VM's outcomes into the shared breaker and reads its state back.
+    fn sync_breaker(&self, config: &FilterConfig, now: u64) {
+        let (pending, key) = {
+            let mut local = self.shared.breaker.borrow_mut();
+            if now < local.next_sync_ms {
+                return;
+            }
+            local.next_sync_ms = now + BREAKER_SYNC.as_millis() as u64;
+            (std::mem::take(&mut local.pending), local.key.clone())
+        };
+        for _ in 0..CAS_TRIES {
+            let Ok((bytes, cas)) = hostcalls::get_shared_data(&key) else {
+                break;
+            };
+            let mut shared: Breaker = bytes
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_default();
+            let transition = shared.update(&config.breaker, &pending, now);
+            let Ok(encoded) = serde_json::to_vec(&shared) else {
+                break;
+            };
+            match hostcalls::set_shared_data(&key, Some(&encoded), cas) {
+                Ok(()) => {
+                    self.shared.breaker.borrow_mut().state = shared.state;
+                    let stats = self.shared.stats.as_ref();
+                    if let Some(t) = transition {
+                        warn!(
+                            "cohort: breaker {} -> {} ({:?})",
+                            t.from.as_str(),
+                            t.to.as_str(),
+                            t.trip
+                        );
+                        if let (breaker::State::Open, Some(stats)) = (t.to, stats) {
+                            stats.inc(stats.breaker_trips);
+                        }
+                    }
+                    if let Some(stats) = stats {
+                        stats.record(stats.breaker_state, shared.state.gauge());
+                    }
+                    return;
+                }
+                Err(Status::CasMismatch) => continue,
+                Err(_) => break,
+            }
+        }
+        // Not written: keep the outcomes (those still in the window) for the next fold.
+        let mut local = self.shared.breaker.borrow_mut();
+        local.pending.merge(&pending);
+        local.pending.prune(now, config.breaker.window_s);
+    }
+}
+
 impl Context for CohortRoot {
     fn on_grpc_stream_close(&mut self, token_id: u32, status_code: u32) {
         let now = self.now_ms();
@@ -142,6 +220,9 @@ impl RootContext for CohortRoot {
         };
         for (shard, cluster) in config.batcher_clusters.iter().enumerate() {
             self.flush_shard(shard, cluster);
+        }
+        if config.breaker.enabled {
+            self.sync_breaker(config, self.now_ms());
         }
     }
 
@@ -168,15 +249,32 @@ impl RootContext for CohortRoot {
             Ok(config) if config.observe => config.batcher_clusters.len(),
             _ => 0,
         };
-        if shards > 0 {
-            if let Err(status) = hostcalls::set_tick_period(OBSERVE_TICK) {
-                warn!("cohort: no tick ({status:?}); observations will not be sent");
+        let breaker_on = config.as_ref().is_ok_and(|c| c.breaker.enabled);
+        let tick = if shards > 0 {
+            Some(OBSERVE_TICK)
+        } else if breaker_on {
+            Some(BREAKER_TICK)
+        } else {
+            None
+        };
+        if let Some(tick) = tick {
+            if let Err(status) = hostcalls::set_tick_period(tick) {
+                warn!("cohort: no tick ({status:?}); observations and the breaker stand still");
             }
         }
+        let plugin = self
+            .get_property(vec!["plugin_name"])
+            .and_then(|b| String::from_utf8(b).ok())
+            .unwrap_or_default();
+        let breaker = BreakerLocal {
+            key: format!("cohort.breaker.{plugin}"),
+            ..BreakerLocal::default()
+        };
         self.shared = Rc::new(Shared {
             config,
             stats,
             outbox: RefCell::new(Outbox::new(shards)),
+            breaker: RefCell::new(breaker),
         });
         // Returning true even for an invalid configuration keeps the listener serving.
         true

@@ -22,6 +22,12 @@
 //! | `cohort_observe_sent_total` | counter | observations sent on an `Observe` stream |
 //! | `cohort_progress_sent_total` | counter | progress reports of assigned requests (first byte, end) sent on it |
 //! | `cohort_observe_dropped_total` | counter | observations dropped (queue full while the batcher was away, or a failed send) |
+//! | `cohort_responses_routed_total` | counter | responses to requests Cohort routed (the breaker's cohort group) |
+//! | `cohort_responses_routed_5xx_total` | counter | of which 5xx |
+//! | `cohort_responses_holdout_total` | counter | responses to held-out requests (the breaker's control group) |
+//! | `cohort_responses_holdout_5xx_total` | counter | of which 5xx |
+//! | `cohort_breaker_state` | gauge | 0 closed, 1 open, 2 half-open |
+//! | `cohort_breaker_trips_total` | counter | times the breaker opened |
 
 use cohort_fingerprint::knobs::{InvalidKnob, KnobName};
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
@@ -47,6 +53,12 @@ pub struct Stats {
     pub observe_sent: u32,
     pub progress_sent: u32,
     pub observe_dropped: u32,
+    pub responses_routed: u32,
+    pub responses_routed_5xx: u32,
+    pub responses_holdout: u32,
+    pub responses_holdout_5xx: u32,
+    pub breaker_state: u32,
+    pub breaker_trips: u32,
 }
 
 const KNOBS: [KnobName; 4] = [
@@ -61,6 +73,7 @@ impl Stats {
     pub fn define() -> Result<Stats, Status> {
         let counter = |name: &str| define_metric(MetricType::Counter, name);
         let histogram = |name: &str| define_metric(MetricType::Histogram, name);
+        let gauge = |name: &str| define_metric(MetricType::Gauge, name);
         let mut bypass_by_reason = BTreeMap::new();
         for reason in crate::decision::all_bypass_reasons() {
             bypass_by_reason.insert(reason, counter(&format!("cohort_bypass_{reason}_total"))?);
@@ -89,6 +102,12 @@ impl Stats {
             observe_sent: counter("cohort_observe_sent_total")?,
             progress_sent: counter("cohort_progress_sent_total")?,
             observe_dropped: counter("cohort_observe_dropped_total")?,
+            responses_routed: counter("cohort_responses_routed_total")?,
+            responses_routed_5xx: counter("cohort_responses_routed_5xx_total")?,
+            responses_holdout: counter("cohort_responses_holdout_total")?,
+            responses_holdout_5xx: counter("cohort_responses_holdout_5xx_total")?,
+            breaker_state: gauge("cohort_breaker_state")?,
+            breaker_trips: counter("cohort_breaker_trips_total")?,
         })
     }
 
@@ -103,6 +122,7 @@ impl Stats {
         }
     }
 
+    /// Sets a gauge, or records a histogram sample.
     pub fn record(&self, id: u32, value: u64) {
         let _ = record_metric(id, value);
     }

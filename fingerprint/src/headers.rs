@@ -137,8 +137,8 @@ impl HeaderNames {
     }
 }
 
-/// Lowercase RFC 9110 token.
-fn is_header_token(name: &str) -> bool {
+/// Lowercase RFC 9110 token (how Envoy hands header names over).
+pub fn is_header_token(name: &str) -> bool {
     !name.is_empty()
         && name.bytes().all(|b| {
             b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)

@@ -550,6 +550,14 @@ fn every_filter_config_is_one_the_filter_accepts() {
     for (origin, json) in configs {
         FilterConfig::parse(json.as_bytes())
             .unwrap_or_else(|e| panic!("{origin}: the filter refuses {json}: {e}"));
+        // The rollout and breaker settings are spelled out where an operator edits them.
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        for section in ["rollout", "breaker"] {
+            assert!(
+                value[section].is_object(),
+                "{origin}: no {section} in {json}"
+            );
+        }
     }
 }
 

@@ -1,0 +1,522 @@
+//! The automatic circuit breaker: Cohort switches itself off when the traffic it routes
+//! does worse than the hold-out ([`crate::rollout`]), and back on once it recovers.
+//!
+//! What is compared: every request Cohort routed (the *cohort* group) and every held-out
+//! request (the *hold-out* group) report their outcome when the response headers come:
+//! whether the status was 5xx, and the time from the request headers to the response
+//! headers (time to first byte, which for a streamed completion is the time to first
+//! token). Outcomes are kept per second over a sliding window (`window_s`).
+//!
+//! The states:
+//! - **closed** (Cohort acts): it trips when, over the window, both groups have at least
+//!   `min_requests` outcomes and either the cohort group's 5xx rate is above
+//!   `max_error_rate` (0.5%) *and* above the hold-out's, or its p99 is more than
+//!   `max_latency_increase` (+200%) over the hold-out's p99 and more than
+//!   `min_latency_delta_ms` (50 ms) above it (below that, the ratio is Cohort's own
+//!   sub-millisecond work against a fast upstream, not harm). Without a hold-out
+//!   (`rollout.share` 1) there is nothing to compare with and it never trips: a fleet
+//!   whose engines fail fails with or without Cohort, and per-request fail-open (Assign
+//!   deadline, bypass) still applies.
+//! - **open**: every request bypasses Cohort (`breaker_open`) for `cool_down_s`.
+//! - **half-open**: a probe share of the treated users (`probe_share`, by the same stable
+//!   bucket as the rollout) goes through Cohort again, the rest still bypasses. The window
+//!   starts empty; the same rule trips it open again, and `probe_s` without a trip (with at
+//!   least `min_requests` probe outcomes) closes it.
+//!
+//! Sharing: Envoy runs one VM per worker thread. Each worker collects its outcomes in a
+//! [`Window`] of its own and, every half second, folds them into the one [`Breaker`] all
+//! workers share (proxy-wasm shared data, written with compare-and-swap) and reads the
+//! state back. The worker whose write moves the state is the one that counts the trip.
+//! So the state reaches every worker within a tick of the write.
+//!
+//! Latency is kept as a histogram of exponential buckets (×1.25 from 1 ms up to a minute),
+//! so a p99 is known to within 25%: enough for a +200% rule.
+
+use serde::{Deserialize, Serialize};
+
+/// Latency histogram buckets: bucket `i` holds latencies up to `1.25^i` ms (the last one
+/// everything above).
+pub const LATENCY_BUCKETS: usize = 50;
+const BUCKET_RATIO: f64 = 1.25;
+
+/// The two groups the breaker compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// Requests Cohort routed on their fingerprint.
+    Cohort = 0,
+    /// Requests held out of the rollout (routed as without Cohort).
+    Holdout = 1,
+}
+
+/// Outcomes of one group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupStats {
+    pub requests: u64,
+    /// Responses with a 5xx status.
+    pub errors: u64,
+    /// Time to the response headers, per [`LATENCY_BUCKETS`] bucket.
+    pub latency: Vec<u64>,
+}
+
+impl Default for GroupStats {
+    fn default() -> Self {
+        GroupStats {
+            requests: 0,
+            errors: 0,
+            latency: vec![0; LATENCY_BUCKETS],
+        }
+    }
+}
+
+/// The bucket holding a latency of `ms`.
+fn latency_bucket(ms: f64) -> usize {
+    if ms <= 1.0 || ms.is_nan() {
+        return 0;
+    }
+    ((ms.ln() / BUCKET_RATIO.ln()).ceil() as usize).min(LATENCY_BUCKETS - 1)
+}
+
+/// The upper bound of bucket `i`, ms.
+fn bucket_bound(i: usize) -> f64 {
+    BUCKET_RATIO.powi(i as i32)
+}
+
+impl GroupStats {
+    fn record(&mut self, error: bool, latency_ms: f64) {
+        self.requests += 1;
+        self.errors += u64::from(error);
+        self.latency.resize(LATENCY_BUCKETS, 0);
+        self.latency[latency_bucket(latency_ms)] += 1;
+    }
+
+    fn merge(&mut self, other: &GroupStats) {
+        self.requests += other.requests;
+        self.errors += other.errors;
+        self.latency.resize(LATENCY_BUCKETS, 0);
+        for (mine, theirs) in self.latency.iter_mut().zip(&other.latency) {
+            *mine += theirs;
+        }
+    }
+
+    /// Share of responses that were 5xx (0 with no responses).
+    pub fn error_rate(&self) -> f64 {
+        if self.requests == 0 {
+            0.0
+        } else {
+            self.errors as f64 / self.requests as f64
+        }
+    }
+
+    /// The 99th percentile of the time to response headers, ms (the upper bound of its
+    /// bucket); `None` with no responses.
+    pub fn p99_ms(&self) -> Option<f64> {
+        let total: u64 = self.latency.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        // The smallest bucket bound with at least 99% of the outcomes at or below it.
+        let rank = (total * 99).div_ceil(100);
+        let mut seen = 0;
+        for (i, n) in self.latency.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(bucket_bound(i));
+            }
+        }
+        Some(bucket_bound(LATENCY_BUCKETS - 1))
+    }
+}
+
+/// One second of outcomes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Slot {
+    /// Unix second.
+    pub second: u64,
+    /// Indexed by [`Group`].
+    pub groups: [GroupStats; 2],
+}
+
+/// Outcomes per second, oldest first: one worker's since its last fold, or the shared
+/// window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Window {
+    pub slots: Vec<Slot>,
+}
+
+impl Window {
+    fn slot(&mut self, second: u64) -> &mut Slot {
+        let at = self.slots.partition_point(|s| s.second < second);
+        if self.slots.get(at).is_none_or(|s| s.second != second) {
+            self.slots.insert(
+                at,
+                Slot {
+                    second,
+                    ..Slot::default()
+                },
+            );
+        }
+        &mut self.slots[at]
+    }
+
+    /// Records one response of `group`.
+    pub fn record(&mut self, now_ms: u64, group: Group, error: bool, latency_ms: f64) {
+        self.slot(now_ms / 1000).groups[group as usize].record(error, latency_ms);
+    }
+
+    /// Adds `other`'s outcomes to this window.
+    pub fn merge(&mut self, other: &Window) {
+        for theirs in &other.slots {
+            let mine = self.slot(theirs.second);
+            for (g, stats) in theirs.groups.iter().enumerate() {
+                mine.groups[g].merge(stats);
+            }
+        }
+    }
+
+    /// Drops the seconds that have left a window of `window_s` ending at `now_ms`.
+    pub fn prune(&mut self, now_ms: u64, window_s: u64) {
+        let first = (now_ms / 1000).saturating_sub(window_s.saturating_sub(1));
+        self.slots.retain(|s| s.second >= first);
+    }
+
+    /// Each group's outcomes over the window of `window_s` ending at `now_ms`.
+    pub fn totals(&self, now_ms: u64, window_s: u64) -> [GroupStats; 2] {
+        let first = (now_ms / 1000).saturating_sub(window_s.saturating_sub(1));
+        let mut totals: [GroupStats; 2] = Default::default();
+        for slot in self.slots.iter().filter(|s| s.second >= first) {
+            for (g, stats) in slot.groups.iter().enumerate() {
+                totals[g].merge(stats);
+            }
+        }
+        totals
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+}
+
+/// Where the breaker stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    #[default]
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl State {
+    /// The `cohort_breaker_state` gauge: 0 closed, 1 open, 2 half-open.
+    pub fn gauge(self) -> u64 {
+        match self {
+            State::Closed => 0,
+            State::Open => 1,
+            State::HalfOpen => 2,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// The `breaker` section of the plugin configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BreakerConfig {
+    pub enabled: bool,
+    /// Sliding window the rates and the p99s are taken over, seconds.
+    pub window_s: u64,
+    /// Outcomes a group needs in the window before it is judged.
+    pub min_requests: u64,
+    /// Trip when the cohort group's 5xx rate is above this and above the hold-out's.
+    pub max_error_rate: f64,
+    /// Trip when the cohort group's p99 is above the hold-out's × (1 + this)…
+    pub max_latency_increase: f64,
+    /// …and above it by more than this many ms: at sub-millisecond upstreams Cohort's own
+    /// work (buffering and fingerprinting the body) is a large ratio and no harm.
+    pub min_latency_delta_ms: f64,
+    /// How long the breaker stays open before probing, seconds.
+    pub cool_down_s: u64,
+    /// Share of treated users whose requests probe while half-open.
+    pub probe_share: f64,
+    /// How long probes must go without a trip to close, seconds.
+    pub probe_s: u64,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            enabled: true,
+            window_s: 10,
+            min_requests: 20,
+            max_error_rate: 0.005,
+            max_latency_increase: 2.0,
+            min_latency_delta_ms: 50.0,
+            cool_down_s: 30,
+            probe_share: 0.1,
+            probe_s: 10,
+        }
+    }
+}
+
+/// Why the breaker tripped.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Trip {
+    /// 5xx rates of the cohort group and the hold-out.
+    Errors { cohort: f64, holdout: f64 },
+    /// p99 time to first byte of the cohort group and the hold-out, ms.
+    Latency { cohort: f64, holdout: f64 },
+}
+
+/// A change of state, for the log.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Transition {
+    pub from: State,
+    pub to: State,
+    pub trip: Option<Trip>,
+}
+
+/// The trip rule over one window's totals.
+pub fn trip(config: &BreakerConfig, totals: &[GroupStats; 2]) -> Option<Trip> {
+    let [cohort, holdout] = totals;
+    let enough = config.min_requests.max(1);
+    if cohort.requests < enough || holdout.requests < enough {
+        return None;
+    }
+    let (ce, he) = (cohort.error_rate(), holdout.error_rate());
+    if ce > config.max_error_rate && ce > he {
+        return Some(Trip::Errors {
+            cohort: ce,
+            holdout: he,
+        });
+    }
+    if let (Some(cp), Some(hp)) = (cohort.p99_ms(), holdout.p99_ms()) {
+        if cp > hp * (1.0 + config.max_latency_increase) && cp - hp > config.min_latency_delta_ms {
+            return Some(Trip::Latency {
+                cohort: cp,
+                holdout: hp,
+            });
+        }
+    }
+    None
+}
+
+/// The state every worker shares.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Breaker {
+    pub state: State,
+    /// When the state began, Unix ms.
+    pub since_ms: u64,
+    pub window: Window,
+}
+
+impl Breaker {
+    /// Folds a worker's outcomes in and moves the state by the rule; returns the change.
+    pub fn update(
+        &mut self,
+        config: &BreakerConfig,
+        pending: &Window,
+        now_ms: u64,
+    ) -> Option<Transition> {
+        self.window.merge(pending);
+        self.window.prune(now_ms, config.window_s);
+        let from = self.state;
+        let elapsed_ms = now_ms.saturating_sub(self.since_ms);
+        let (to, why) = match self.state {
+            State::Closed | State::HalfOpen => {
+                let totals = self.window.totals(now_ms, config.window_s);
+                match trip(config, &totals) {
+                    Some(why) => (State::Open, Some(why)),
+                    None if self.state == State::HalfOpen
+                        && elapsed_ms >= config.probe_s * 1000
+                        && totals[Group::Cohort as usize].requests >= config.min_requests =>
+                    {
+                        (State::Closed, None)
+                    }
+                    None => return None,
+                }
+            }
+            State::Open if elapsed_ms >= config.cool_down_s * 1000 => (State::HalfOpen, None),
+            State::Open => return None,
+        };
+        self.state = to;
+        self.since_ms = now_ms;
+        // Each state judges only what happened in it.
+        self.window = Window::default();
+        Some(Transition {
+            from,
+            to,
+            trip: why,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> BreakerConfig {
+        BreakerConfig {
+            window_s: 5,
+            min_requests: 20,
+            cool_down_s: 3,
+            probe_s: 2,
+            ..BreakerConfig::default()
+        }
+    }
+
+    /// `n` outcomes of `group` at `now_ms`, `errors` of them 5xx, all taking `ms`.
+    fn outcomes(now_ms: u64, group: Group, n: u64, errors: u64, ms: f64) -> Window {
+        let mut w = Window::default();
+        for i in 0..n {
+            w.record(now_ms, group, i < errors, ms);
+        }
+        w
+    }
+
+    #[test]
+    fn buckets_bound_latencies_within_a_quarter() {
+        for ms in [0.2, 1.0, 3.0, 40.0, 999.0, 20_000.0] {
+            let bound = bucket_bound(latency_bucket(ms));
+            assert!(
+                bound >= ms && bound <= (ms * BUCKET_RATIO).max(1.0),
+                "{ms} -> {bound}"
+            );
+        }
+        assert_eq!(latency_bucket(1e12), LATENCY_BUCKETS - 1);
+        let mut g = GroupStats::default();
+        for i in 0..100 {
+            g.record(false, if i < 98 { 10.0 } else { 1000.0 });
+        }
+        assert!(g.p99_ms().unwrap() >= 1000.0);
+        assert_eq!(GroupStats::default().p99_ms(), None);
+    }
+
+    #[test]
+    fn the_window_slides_and_merges_per_second() {
+        let mut shared = Window::default();
+        shared.merge(&outcomes(10_500, Group::Cohort, 3, 1, 5.0));
+        shared.merge(&outcomes(10_900, Group::Cohort, 2, 0, 5.0));
+        shared.merge(&outcomes(12_100, Group::Holdout, 4, 0, 5.0));
+        assert_eq!(shared.slots.len(), 2);
+        let totals = shared.totals(12_100, 5);
+        assert_eq!((totals[0].requests, totals[0].errors), (5, 1));
+        assert_eq!(totals[1].requests, 4);
+        // Second 10 leaves a 2-second window ending in second 12.
+        assert_eq!(shared.totals(12_100, 2)[0].requests, 0);
+        shared.prune(12_100, 2);
+        assert_eq!(shared.slots.len(), 1);
+    }
+
+    #[test]
+    fn errors_trip_only_above_the_threshold_and_the_hold_out() {
+        let c = config();
+        let both = |ce: u64, he: u64| {
+            let mut w = outcomes(1_000, Group::Cohort, 100, ce, 10.0);
+            w.merge(&outcomes(1_000, Group::Holdout, 100, he, 10.0));
+            trip(&c, &w.totals(1_000, 5))
+        };
+        assert_eq!(both(0, 0), None);
+        assert_eq!(
+            both(1, 0),
+            Some(Trip::Errors {
+                cohort: 0.01,
+                holdout: 0.0
+            })
+        );
+        // The whole fleet is failing: not Cohort's doing.
+        assert_eq!(both(5, 5), None);
+        assert_eq!(both(5, 8), None);
+        // Too few outcomes to judge.
+        let mut few = outcomes(1_000, Group::Cohort, 10, 10, 10.0);
+        few.merge(&outcomes(1_000, Group::Holdout, 100, 0, 10.0));
+        assert_eq!(trip(&c, &few.totals(1_000, 5)), None);
+        // No hold-out (share 1): nothing to compare with.
+        let alone = outcomes(1_000, Group::Cohort, 100, 50, 10.0);
+        assert_eq!(trip(&c, &alone.totals(1_000, 5)), None);
+    }
+
+    #[test]
+    fn latency_trips_at_three_times_the_hold_outs_p99() {
+        let c = config();
+        let both = |cohort_ms: f64, holdout: u64| {
+            let mut w = outcomes(1_000, Group::Cohort, 100, 0, cohort_ms);
+            w.merge(&outcomes(1_000, Group::Holdout, holdout, 0, 20.0));
+            trip(&c, &w.totals(1_000, 5))
+        };
+        assert_eq!(both(30.0, 100), None);
+        assert!(matches!(both(100.0, 100), Some(Trip::Latency { .. })));
+        // Four times as slow, but by a few ms only: not harm.
+        let fast = |cohort_ms: f64| {
+            let mut w = outcomes(1_000, Group::Cohort, 100, 0, cohort_ms);
+            w.merge(&outcomes(1_000, Group::Holdout, 100, 0, 0.5));
+            trip(&c, &w.totals(1_000, 5))
+        };
+        assert_eq!(fast(2.0), None);
+        assert!(matches!(fast(80.0), Some(Trip::Latency { .. })));
+        // Without enough hold-out outcomes there is nothing to compare with.
+        assert_eq!(both(100.0, 5), None);
+    }
+
+    #[test]
+    fn it_opens_cools_down_probes_and_closes() {
+        let c = config();
+        let mut b = Breaker::default();
+        let mut healthy = outcomes(1_000, Group::Cohort, 50, 0, 10.0);
+        healthy.merge(&outcomes(1_000, Group::Holdout, 50, 0, 10.0));
+        assert_eq!(b.update(&c, &healthy, 1_000), None);
+        let failing = outcomes(2_000, Group::Cohort, 50, 25, 10.0);
+        let t = b.update(&c, &failing, 2_000).unwrap();
+        assert_eq!((t.from, t.to), (State::Closed, State::Open));
+        assert!(matches!(t.trip, Some(Trip::Errors { .. })));
+        assert!(b.window.is_empty());
+        // Open for the cool-down, whatever comes in.
+        assert_eq!(b.update(&c, &Window::default(), 4_000), None);
+        let t = b.update(&c, &Window::default(), 5_000).unwrap();
+        assert_eq!(t.to, State::HalfOpen);
+        // Healthy probes, but not yet for probe_s.
+        let mut probes = outcomes(6_000, Group::Cohort, 30, 0, 10.0);
+        probes.merge(&outcomes(6_000, Group::Holdout, 30, 0, 10.0));
+        assert_eq!(b.update(&c, &probes, 6_000), None);
+        let t = b.update(&c, &Window::default(), 7_000).unwrap();
+        assert_eq!((t.from, t.to), (State::HalfOpen, State::Closed));
+    }
+
+    #[test]
+    fn failing_probes_open_it_again_and_too_few_keep_it_half_open() {
+        let c = config();
+        let mut b = Breaker {
+            state: State::HalfOpen,
+            since_ms: 0,
+            window: Window::default(),
+        };
+        assert_eq!(
+            b.update(&c, &outcomes(3_000, Group::Cohort, 5, 0, 10.0), 3_000),
+            None
+        );
+        assert_eq!(b.state, State::HalfOpen, "5 probes are too few to close");
+        let mut failing = outcomes(3_500, Group::Cohort, 20, 10, 10.0);
+        failing.merge(&outcomes(3_500, Group::Holdout, 20, 0, 10.0));
+        let t = b.update(&c, &failing, 3_500).unwrap();
+        assert_eq!((t.from, t.to), (State::HalfOpen, State::Open));
+        assert_eq!(b.since_ms, 3_500);
+    }
+
+    #[test]
+    fn the_shared_state_round_trips_through_json() {
+        let mut b = Breaker::default();
+        b.update(
+            &config(),
+            &outcomes(1_000, Group::Holdout, 3, 1, 7.0),
+            1_000,
+        );
+        let bytes = serde_json::to_vec(&b).unwrap();
+        assert_eq!(serde_json::from_slice::<Breaker>(&bytes).unwrap(), b);
+    }
+}

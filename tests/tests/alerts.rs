@@ -1,0 +1,330 @@
+//! The alert rules (`monitoring/cohort-alerts.yaml`) checked by a real Prometheus:
+//!
+//! - `promtool check rules` accepts them, and `promtool test rules` runs their unit tests
+//!   (`monitoring/cohort-alerts.test.yaml`: each alert fires on a series that should trip it
+//!   and stays silent on one that should not);
+//! - the PrometheusRule (`monitoring/prometheusrule.yaml`) carries the same groups;
+//! - every metric a rule reads is documented (docs/METRICS.md);
+//! - a real Prometheus scrapes a running Envoy with the filter (assign mode) and a real
+//!   `cohort serve`, loads the rules (all healthy), and evaluates every rule and every
+//!   dashboard query (`istio/dashboards/cohort.json`) without error, with the filter's and
+//!   the batcher's series present.
+//!
+//! Needs Debian's `prometheus` package (`scripts/setup` installs it).
+
+use cohort_tests::batcher::{Batcher, BatcherSpec};
+use cohort_tests::client::post_json;
+use cohort_tests::envoy::Envoy;
+use cohort_tests::upstream::Upstream;
+use cohort_tests::{free_port, workspace};
+use serde_json::Value as Json;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn tool(name: &str) -> PathBuf {
+    let path = PathBuf::from("/usr/bin").join(name);
+    assert!(
+        path.exists(),
+        "{}: missing; scripts/setup installs Debian's prometheus package",
+        path.display()
+    );
+    path
+}
+
+fn rules_file() -> PathBuf {
+    workspace().join("monitoring/cohort-alerts.yaml")
+}
+
+fn run(command: &mut Command) -> String {
+    let out = command.output().expect("runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{command:?} failed:\n{text}");
+    text
+}
+
+/// Every rule of the rules file: (name, expression).
+fn rules() -> Vec<(String, String)> {
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(rules_file()).unwrap()).unwrap();
+    let mut out = Vec::new();
+    for group in doc["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            out.push((
+                rule["alert"].as_str().unwrap().to_owned(),
+                rule["expr"].as_str().unwrap().trim().to_owned(),
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn promtool_checks_the_rules_and_runs_their_unit_tests() {
+    let promtool = tool("promtool");
+    let checked = run(Command::new(&promtool)
+        .arg("check")
+        .arg("rules")
+        .arg(rules_file()));
+    assert!(checked.contains("SUCCESS: 9 rules found"), "{checked}");
+    let tested = run(Command::new(&promtool)
+        .arg("test")
+        .arg("rules")
+        .arg("cohort-alerts.test.yaml")
+        .current_dir(workspace().join("monitoring")));
+    assert!(tested.contains("SUCCESS"), "{tested}");
+}
+
+#[test]
+fn the_prometheus_rule_carries_the_same_groups_and_every_metric_is_documented() {
+    let plain: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(rules_file()).unwrap()).unwrap();
+    let operator: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(workspace().join("monitoring/prometheusrule.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(operator["kind"], "PrometheusRule");
+    assert_eq!(operator["spec"]["groups"], plain["groups"]);
+
+    let documented = std::fs::read_to_string(workspace().join("docs/METRICS.md")).unwrap();
+    for (alert, expr) in rules() {
+        for name in expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("cohort_"))
+        {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            assert!(
+                documented.contains(&format!("`{family}")),
+                "{alert} reads {name}, which docs/METRICS.md does not list"
+            );
+        }
+    }
+}
+
+/// A Prometheus server on a free port with `config`; killed when dropped.
+struct Prometheus {
+    child: Child,
+    port: u16,
+    _dir: TempDir,
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    fn start(scrape: &[(&str, String, &str)]) -> Prometheus {
+        let dir = std::env::temp_dir().join(format!("cohort-prometheus-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut config = format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [{:?}]\nscrape_configs:\n",
+            rules_file().display().to_string()
+        );
+        for (job, target, path) in scrape {
+            config.push_str(&format!(
+                "- job_name: {job}\n  metrics_path: {path}\n  static_configs: [{{targets: [\"{target}\"]}}]\n"
+            ));
+        }
+        let file = dir.join("prometheus.yml");
+        std::fs::write(&file, config).unwrap();
+        let port = free_port();
+        let child = Command::new(tool("prometheus"))
+            .arg(format!("--config.file={}", file.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus starts");
+        Prometheus {
+            child,
+            port,
+            _dir: TempDir(dir),
+        }
+    }
+
+    fn api(&self, path_and_query: &str) -> Json {
+        let response = cohort_tests::client::request(self.port, "GET", path_and_query, &[], b"")
+            .expect("prometheus answers");
+        serde_json::from_slice(&response.body)
+            .unwrap_or_else(|e| panic!("{path_and_query}: {e}: {}", response.text()))
+    }
+
+    /// Evaluates `query` now; panics on an error, returns the result vector.
+    fn query(&self, query: &str) -> Vec<Json> {
+        let answer = self.api(&format!("/api/v1/query?query={}", percent_encode(query)));
+        assert_eq!(answer["status"], "success", "{query}: {answer}");
+        answer["data"]["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Every `expr` in the dashboard, with Grafana's variables filled in.
+fn dashboard_queries(engine_service: &str) -> Vec<String> {
+    fn walk(value: &Json, out: &mut Vec<String>) {
+        match value {
+            Json::Object(map) => {
+                for (key, v) in map {
+                    match (key.as_str(), v) {
+                        ("expr", Json::String(expr)) => out.push(expr.clone()),
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            Json::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let path: &Path = &workspace().join("istio/dashboards/cohort.json");
+    let dashboard: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut exprs = Vec::new();
+    walk(&dashboard, &mut exprs);
+    exprs
+        .into_iter()
+        .map(|e| {
+            e.replace("$__rate_interval", "1m")
+                .replace("$engine_service", engine_service)
+        })
+        .collect()
+}
+
+#[test]
+fn a_real_prometheus_scrapes_envoy_and_the_batcher_and_evaluates_every_rule_and_panel() {
+    let replicas: Vec<Upstream> = (0..2)
+        .map(|i| Upstream::start(&format!("replica-{i}")))
+        .collect();
+    let ports: Vec<u16> = replicas.iter().map(|u| u.port).collect();
+    let batcher = Batcher::start(BatcherSpec {
+        grpc_port: free_port(),
+        http_port: free_port(),
+        replicas: (0..2).map(|i| format!("replica-{i}")).collect(),
+        shard_index: 0,
+        shard_count: 1,
+        front_port: None,
+        extra_args: Vec::new(),
+    });
+    let envoy = Envoy::start_assign(batcher.spec.grpc_port, &ports);
+    let prometheus = Prometheus::start(&[
+        (
+            "envoy",
+            format!("127.0.0.1:{}", envoy.admin_port),
+            "/stats/prometheus",
+        ),
+        (
+            "cohort-batcher",
+            format!("127.0.0.1:{}", batcher.spec.http_port),
+            "/metrics",
+        ),
+    ]);
+    // Traffic while Prometheus scrapes: assigned requests, and one bypass.
+    let started = Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"system","content":"You are app {}."}},{{"role":"user","content":"refund order {sent}"}}]}}"#,
+            sent % 3
+        );
+        assert_eq!(
+            post_json(
+                envoy.listen_port,
+                "/v1/chat/completions",
+                &[],
+                body.as_bytes()
+            )
+            .status,
+            200
+        );
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    post_json(envoy.listen_port, "/v1/chat/completions", &[], b"{oops");
+    // Both targets up, and the rules loaded and healthy.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let up = prometheus.query("up == 1");
+        let requests = prometheus.query("cohort_requests_total");
+        if up.len() == 2 && !requests.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "targets not scraped: up {up:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let loaded = prometheus.api("/api/v1/rules");
+    let loaded_rules: Vec<&Json> = loaded["data"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .collect();
+    assert_eq!(loaded_rules.len(), rules().len(), "{loaded}");
+    for rule in &loaded_rules {
+        assert_eq!(rule["health"], "ok", "{rule}");
+    }
+    // Every rule and panel query evaluates; the series they read from both targets exist.
+    for (alert, expr) in rules() {
+        prometheus.query(&expr);
+        println!("rule {alert}: evaluates");
+    }
+    let queries = dashboard_queries("engines");
+    assert!(queries.len() >= 20);
+    for query in &queries {
+        prometheus.query(query);
+    }
+    println!("{} dashboard queries evaluate", queries.len());
+    for present in [
+        "cohort_requests_total",
+        "cohort_fingerprinted_total",
+        "cohort_bypass_invalid_json_total",
+        "cohort_assign_ok_total",
+        "cohort_breaker_state",
+        "cohort_assign_total",
+        "cohort_replica_assigned_total",
+        "cohort_assign_decision_seconds_bucket",
+    ] {
+        let got = prometheus.query(present);
+        assert!(!got.is_empty(), "{present} not scraped");
+    }
+    let fingerprinted = prometheus.query("sum(cohort_fingerprinted_total)");
+    let value: f64 = fingerprinted[0]["value"][1]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(value >= 1.0, "{fingerprinted:?}");
+    println!("{sent} requests sent; Prometheus saw {value} fingerprinted");
+}
