@@ -5,8 +5,10 @@
 //! - `cohort fingerprint`: the fingerprint core over JSONL request logs;
 //! - `cohort score`: batch-friendliness (0–1) of prompt corpora;
 //! - `cohort lint`: cache-hostile prompt templates, scored 0–1;
-//! - `cohort engine-sim`: an OpenAI-compatible engine simulator (`serve`, `bound`).
+//! - `cohort engine-sim`: an OpenAI-compatible engine simulator (`serve`, `bound`);
+//! - `cohort audit`: one request's cost record from a running batcher.
 
+mod audit;
 mod clock;
 mod commands;
 mod config;
@@ -40,6 +42,8 @@ enum Command {
     Lint(commands::lint::Args),
     /// OpenAI-compatible LLM engine simulator for benchmarks at scale (serve, bound).
     EngineSim(commands::engine_sim::Args),
+    /// Print what the layer did with one request and what it cost (from a running batcher).
+    Audit(commands::audit::Args),
 }
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
@@ -50,5 +54,6 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Score(args) => commands::score::run(args),
         Command::Lint(args) => commands::lint::run(args),
         Command::EngineSim(args) => ok(commands::engine_sim::run(args)),
+        Command::Audit(args) => commands::audit::run(args),
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! | layer | modules | may use |
 //! |---|---|---|
-//! | 0 | `clock`, `config`, `metrics` | nothing of the binary |
+//! | 0 | `audit`, `clock`, `config`, `metrics` | nothing of the binary |
 //! | 1 | `engines` | layer 0 |
 //! | 2 | `front` | layers 0–1 |
 //! | 3 | `serve` | layers 0–2 |
@@ -15,7 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const LAYERS: [(&str, u8); 8] = [
+const LAYERS: [(&str, u8); 9] = [
+    ("audit", 0),
     ("clock", 0),
     ("config", 0),
     ("metrics", 0),

@@ -91,6 +91,8 @@ fn request_info(plan: &RequestPlan, fp: &Fingerprint) -> pb::RequestInfo {
         session: plan.session.clone().unwrap_or_default(),
         path: plan.path.clone(),
         model: fp.model.clone(),
+        request_id: plan.request_id.clone().unwrap_or_default(),
+        mode: String::new(),
     }
 }
 
@@ -100,11 +102,14 @@ fn request_info(plan: &RequestPlan, fp: &Fingerprint) -> pb::RequestInfo {
 pub fn assign_request(
     plan: &RequestPlan,
     fp: &Fingerprint,
+    mode: Mode,
     now_ms: u64,
     reports_progress: bool,
 ) -> pb::AssignRequest {
+    let mut request = request_info(plan, fp);
+    request.mode = mode.as_str().to_owned();
     pb::AssignRequest {
-        request: Some(request_info(plan, fp)),
+        request: Some(request),
         sent_unix_ms: now_ms,
         reports_progress,
     }
@@ -375,10 +380,10 @@ mod tests {
     fn assign_request_carries_the_fingerprint() {
         let config = FilterConfig::default();
         let (plan, fp) = fingerprinted(&config, BODY);
-        let assign = assign_request(&plan, &fp, 1234, true);
+        let assign = assign_request(&plan, &fp, Mode::Assign, 1234, true);
         assert_eq!(assign.sent_unix_ms, 1234);
         assert!(assign.reports_progress);
-        assert!(!assign_request(&plan, &fp, 1234, false).reports_progress);
+        assert!(!assign_request(&plan, &fp, Mode::Assign, 1234, false).reports_progress);
         let request = assign.request.unwrap();
         let wire = request.fingerprint.as_ref().unwrap();
         assert_eq!(wire.key, fp.routing_key.0);

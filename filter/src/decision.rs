@@ -78,6 +78,8 @@ pub struct RequestPlan {
     pub app_routing_key: Option<String>,
     pub tenant: Option<String>,
     pub session: Option<String>,
+    /// Envoy's `x-request-id` (the batcher's audit key).
+    pub request_id: Option<String>,
 }
 
 /// The verdict on request headers.
@@ -169,6 +171,7 @@ pub fn inspect_headers(
         app_routing_key: first(headers, &names.routing_key).map(str::to_owned),
         tenant: tenant.map(str::to_owned),
         session: first(headers, &names.session).map(str::to_owned),
+        request_id: first(headers, REQUEST_ID).map(str::to_owned),
     }))
 }
 

@@ -238,6 +238,7 @@ impl CohortHttp {
             let request = batcher::assign_request(
                 &plan,
                 &routing.fingerprint,
+                config.mode,
                 unix_ms(now),
                 reports_progress,
             );

@@ -1,5 +1,6 @@
 //! One module per `cohort` subcommand (and `inputs`, what `score` and `lint` share).
 
+pub mod audit;
 pub mod engine_sim;
 pub mod fingerprint;
 mod inputs;

@@ -155,6 +155,7 @@ impl Front {
             leads: Some((parsed.cohort, batch)),
             received: parsed.received,
             warm_after,
+            warmed: used_warmup,
         };
         self.send(send, headers).await
     }
@@ -211,6 +212,7 @@ impl Front {
             leads: None,
             received: parsed.received,
             warm_after: None,
+            warmed: false,
         };
         self.send(send, headers).await
     }

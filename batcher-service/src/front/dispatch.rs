@@ -38,6 +38,8 @@ pub(super) struct Dispatch {
     /// A leader's prefetch, started at its first byte (not before: a warm-up on the
     /// leader's replica would otherwise prefill alongside the leader and delay it).
     pub warm_after: Option<WarmPlan>,
+    /// A warm-up of its cohort chose the replica (the audit's `warmed`).
+    pub warmed: bool,
 }
 
 impl Dispatch {
@@ -59,6 +61,7 @@ impl Dispatch {
             leads: None,
             received,
             warm_after: None,
+            warmed: false,
         }
     }
 }
@@ -76,6 +79,7 @@ impl Front {
         send: Dispatch,
         headers: &HeaderMap,
     ) -> Response<Body> {
+        let audited = self.audit_key(headers);
         let headers = &self.engine_headers(headers);
         let n = self.engines.len();
         let mut replica = send.replica;
@@ -108,7 +112,13 @@ impl Front {
                 .send(Method::POST, &target.base, send.api.path(), headers, body)
                 .await;
             match result {
-                Ok(response) => return self.relay(response, &send, claim),
+                Ok(response) => {
+                    if let Some((tenant, id)) = &audited {
+                        self.audit
+                            .front(tenant, id, send.role, &target.name, send.warmed);
+                    }
+                    return self.relay(response, &send, claim);
+                }
                 Err(error) => {
                     drop(claim);
                     warn!(replica = %target.name, %error, "engine request failed");

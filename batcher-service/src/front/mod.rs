@@ -43,6 +43,7 @@ mod prefetch;
 mod stats;
 mod warm;
 
+use crate::audit::AuditLog;
 use crate::clock::Clock;
 use crate::config::{BatchSection, ServeConfig};
 use crate::engines::{EngineEvents, Fleet};
@@ -103,6 +104,8 @@ pub struct Front {
     tenant_header: String,
     /// What the front sends on its own (warm-ups), tracked so that a drain waits for it.
     background: Mutex<JoinSet<()>>,
+    /// The per-request audit the brain opened at Assign; the front adds the batch role.
+    audit: Arc<AuditLog>,
 }
 
 impl Front {
@@ -112,6 +115,7 @@ impl Front {
         clock: Clock,
         stop: watch::Receiver<bool>,
         draining: Arc<AtomicBool>,
+        audit: Arc<AuditLog>,
     ) -> Front {
         let slots: Vec<usize> = config
             .replicas
@@ -148,7 +152,19 @@ impl Front {
             headers: config.headers.clone(),
             tenant_header: config.tenant_header.clone(),
             background: Mutex::new(JoinSet::new()),
+            audit,
         }
+    }
+
+    /// The audit key of a request (tenant, Envoy's request id), read before the contract's
+    /// headers are stripped; `None` without a request id.
+    fn audit_key(&self, headers: &HeaderMap) -> Option<(String, String)> {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let id = text("x-request-id").filter(|id| !id.is_empty())?;
+        Some((
+            text(&self.tenant_header).unwrap_or("").to_owned(),
+            id.to_owned(),
+        ))
     }
 
     /// Runs `task` beside callers' requests (a warm-up), tracked: the drain waits for it.

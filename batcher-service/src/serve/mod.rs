@@ -72,6 +72,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             clock,
             stop_rx.clone(),
             Arc::clone(&draining),
+            brain.audit(),
         ));
         Some((front, fleet, listener))
     } else {
@@ -132,6 +133,8 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             http::HttpState {
                 ready: Arc::clone(&ready),
                 metrics: Arc::new(metrics),
+                audit: brain.audit(),
+                tenant_header: config.tenant_header.clone(),
             },
             inspect::InspectState {
                 brain: Arc::clone(&brain),

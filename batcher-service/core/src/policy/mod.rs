@@ -440,6 +440,15 @@ impl Policy {
         self.states.len()
     }
 
+    /// The fleet's learnt prefill rate, work units (≈ prompt tokens) per ms: the mean of
+    /// the replicas' rates from progress reports, or the configured default before any.
+    pub fn prefill_rate_per_ms(&self) -> f64 {
+        self.in_flight
+            .mean_rate()
+            .unwrap_or(self.config.default_rate_per_ms)
+            .max(1e-6)
+    }
+
     /// Chooses a replica for `req` and records the request there (prefix state, load,
     /// cohort owner). See the module documentation for the rule.
     pub fn choose(&mut self, req: &RouteRequest<'_>) -> Choice {

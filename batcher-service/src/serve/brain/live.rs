@@ -65,6 +65,18 @@ impl Brain {
     /// One progress report from a filter.
     pub(super) fn progress(&self, progress: &pb::RequestProgress, now_ms: u64) {
         let c = &self.progress_counters;
+        match progress.phase() {
+            Phase::FirstByte => {
+                self.audit
+                    .progress(progress.ticket, Some(progress.elapsed_ms), None)
+            }
+            Phase::End => self.audit.progress(
+                progress.ticket,
+                None,
+                Some((progress.status, progress.elapsed_ms)),
+            ),
+            Phase::Unspecified => {}
+        }
         let reported = match progress.phase() {
             Phase::FirstByte => {
                 c.first_byte.fetch_add(1, Ordering::Relaxed);

@@ -15,6 +15,7 @@ mod live;
 mod metrics;
 mod report;
 
+use crate::audit::{AuditLog, AuditRecord, DEFAULT_RECORDS};
 use crate::clock::Clock;
 use crate::config::ServeConfig;
 use crate::metrics::{decision_seconds, Histogram};
@@ -27,7 +28,7 @@ use cohort_fingerprint::sketch::SKETCH_VERSION;
 use cohort_gpu_store::{open_store, StoreKind};
 use cohort_proto as pb;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
 /// A request the batcher cannot act on (answered `INVALID_ARGUMENT`).
@@ -75,6 +76,8 @@ pub struct Brain {
     progress_counters: live::ProgressCounters,
     /// The time of reports that come without one (engine probes).
     clock: Clock,
+    /// Per-request cost records (`GET /v1/audit/{request_id}`), shared with the front.
+    audit: Arc<AuditLog>,
 }
 
 fn tenant_hash(tenant: &str) -> u32 {
@@ -147,7 +150,13 @@ impl Brain {
             health: Mutex::new(live::Health::new(config.replicas.len())),
             progress_counters: live::ProgressCounters::default(),
             clock,
+            audit: Arc::new(AuditLog::new(DEFAULT_RECORDS)),
         }
+    }
+
+    /// The audit log the brain writes at Assign and on progress reports.
+    pub fn audit(&self) -> Arc<AuditLog> {
+        Arc::clone(&self.audit)
     }
 
     pub fn assign(
@@ -173,29 +182,38 @@ impl Brain {
                 )
                 .map(|m| m.cohort)
         });
-        let choice = {
+        let (choice, rate) = {
             // Lock order: health, then policy (nothing takes them the other way round).
             let health = lock(&self.health);
             let mut policy = lock(&self.policy);
             health.apply(&mut policy, now_ms);
             drop(health);
-            policy.choose(&RouteRequest {
+            let choice = policy.choose(&RouteRequest {
                 blocks: &fp.blocks,
                 cohort,
                 cost: fp.prompt_bytes / BYTES_PER_TOKEN,
                 now_ms,
                 track: assign.reports_progress,
-            })
+            });
+            (choice, policy.prefill_rate_per_ms())
         };
         self.counters.assigns.fetch_add(1, Ordering::Relaxed);
         self.assign_seconds.observe(started.elapsed().as_secs_f64());
-        Ok(pb::AssignReply {
+        let reply = pb::AssignReply {
             shard: self.replicas[choice.replica].clone(),
             cluster: cohort.map(|c| format!("{c:08x}")).unwrap_or_default(),
             matched_blocks: choice.matched_blocks as u32,
             reason: choice.reason.as_str().to_owned(),
             ticket: choice.ticket,
-        })
+        };
+        if !request.request_id.is_empty() {
+            self.audit.assigned(
+                &request.tenant,
+                audit_record(request, fp, &reply, rate),
+                reply.ticket,
+            );
+        }
+        Ok(reply)
     }
 
     pub fn observe(&self, batch: &pb::ObservationBatch, now_ms: u64) {
@@ -277,6 +295,34 @@ impl Brain {
         self.store.expire(now_s);
         lock(&self.cohorts).expire(now_s);
         lock(&self.policy).expire(now_ms);
+    }
+}
+
+/// The audit's record of one Assign decision: the prompt's size and the share of it the
+/// chosen replica should serve from cache (matched blocks of the prompt's), with the
+/// prefill that leaves at the fleet's learnt rate.
+fn audit_record(
+    request: &pb::RequestInfo,
+    fp: &pb::Fingerprint,
+    reply: &pb::AssignReply,
+    rate_per_ms: f64,
+) -> AuditRecord {
+    let prompt = u64::from(fp.prompt_bytes / BYTES_PER_TOKEN);
+    let blocks = fp.blocks.len() as u64;
+    let matched = u64::from(reply.matched_blocks).min(blocks);
+    let cached = (prompt * matched).checked_div(blocks).unwrap_or(0);
+    AuditRecord {
+        request_id: request.request_id.clone(),
+        mode: request.mode.clone(),
+        cohort: reply.cluster.clone(),
+        replica: reply.shard.clone(),
+        reason: reply.reason.clone(),
+        prefix_blocks: blocks as u32,
+        matched_blocks: matched as u32,
+        prompt_tokens_est: prompt,
+        cached_tokens_est: cached,
+        prefill_ms_est: ((prompt - cached) as f64 / rate_per_ms * 10.0).round() / 10.0,
+        ..AuditRecord::default()
     }
 }
 
