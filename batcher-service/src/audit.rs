@@ -12,19 +12,17 @@
 //! - the batch front (batch mode): the batch role (leader, follower, direct), the replica
 //!   that actually answered, and whether a warm-up served it.
 //!
-//! Bounded memory: the most recent [`DEFAULT_RECORDS`] requests per batcher (least
-//! recently written evicted), a few hundred bytes each. Tenant-scoped: a record is found
-//! only with the tenant it was made for, so one tenant cannot read another's requests by
-//! guessing ids. Never any prompt text: only hashes, counts and names.
+//! Bounded memory: the most recent `audit_max_records` requests per batcher (default
+//! 65,536; least recently written evicted; 0 turns the audit off), a few
+//! hundred bytes each. Tenant-scoped: a record is keyed by a hash of its tenant and found
+//! only with that tenant, so one tenant cannot read another's requests by guessing ids.
+//! Never any prompt text: only hashes, counts and names.
 
 use lru::LruCache;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::Mutex;
-
-/// Records kept by default.
-pub const DEFAULT_RECORDS: usize = 65_536;
 
 /// What the layer did with one request.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -59,24 +57,37 @@ pub struct AuditRecord {
     pub total_ms: Option<u32>,
 }
 
+/// A record's key: its tenant's hash and the request id.
+type Key = (u64, String);
+
+fn key(tenant: &str, request_id: &str) -> Key {
+    (
+        xxhash_rust::xxh3::xxh3_64(tenant.as_bytes()),
+        request_id.to_owned(),
+    )
+}
+
 struct Inner {
-    records: LruCache<(String, String), AuditRecord>,
+    records: LruCache<Key, AuditRecord>,
     /// Assign tickets of records still waiting for progress reports.
-    tickets: HashMap<u64, (String, String)>,
+    tickets: HashMap<u64, Key>,
 }
 
 /// The audit records of one batcher.
 pub struct AuditLog {
     inner: Mutex<Inner>,
+    enabled: bool,
 }
 
 impl AuditLog {
+    /// A log of at most `capacity` records; 0: the audit is off (nothing is kept).
     pub fn new(capacity: usize) -> AuditLog {
         AuditLog {
             inner: Mutex::new(Inner {
                 records: LruCache::new(NonZeroUsize::new(capacity.max(1)).expect("at least 1")),
                 tickets: HashMap::new(),
             }),
+            enabled: capacity > 0,
         }
     }
 
@@ -88,10 +99,10 @@ impl AuditLog {
 
     /// The brain's record of an Assign decision (`ticket` 0: no progress will come).
     pub fn assigned(&self, tenant: &str, record: AuditRecord, ticket: u64) {
-        if record.request_id.is_empty() {
+        if record.request_id.is_empty() || !self.enabled {
             return;
         }
-        let key = (tenant.to_owned(), record.request_id.clone());
+        let key = key(tenant, &record.request_id);
         let mut inner = self.lock();
         if ticket != 0 {
             inner.tickets.insert(ticket, key.clone());
@@ -135,7 +146,10 @@ impl AuditLog {
         answered_by: &str,
         warmed: bool,
     ) {
-        let key = (tenant.to_owned(), request_id.to_owned());
+        if !self.enabled {
+            return;
+        }
+        let key = key(tenant, request_id);
         let mut inner = self.lock();
         if let Some(record) = inner.records.peek_mut(&key) {
             record.batch_role = Some(role.to_owned());
@@ -146,10 +160,7 @@ impl AuditLog {
 
     /// The record of `request_id`, if it was made for `tenant`.
     pub fn get(&self, tenant: &str, request_id: &str) -> Option<AuditRecord> {
-        self.lock()
-            .records
-            .peek(&(tenant.to_owned(), request_id.to_owned()))
-            .cloned()
+        self.lock().records.peek(&key(tenant, request_id)).cloned()
     }
 
     #[cfg(test)]
@@ -206,6 +217,14 @@ mod tests {
             log.get("t", "req-1").unwrap().batch_role.as_deref(),
             Some("follower")
         );
+    }
+
+    #[test]
+    fn capacity_zero_keeps_nothing() {
+        let log = AuditLog::new(0);
+        log.assigned("t", record("req-1"), 1);
+        assert_eq!(log.get("t", "req-1"), None);
+        assert_eq!(log.len(), 0);
     }
 
     #[test]

@@ -87,7 +87,7 @@ PRESETS = {
     # Load steps (10 s up, 30 s hold, 10 s down per level, x time_scale) for batch mode's
     # p95-stability goal.
     "step": dict(engine="sim", replicas="4", workloads="templated-app",
-                 contenders="envoy-rr,sglang-cache-aware,cohort-affinity,cohort-batch",
+                 contenders="envoy-rr,sglang-cache-aware,cohort-affinity,cohort-assign,cohort-batch",
                  per_workload={"templated-app": dict(_TEMPLATED, arrival="step", rate=70.0, time_scale=0.25,
                                                      engine_time_scale=0.025)}),
 }

@@ -52,6 +52,9 @@ pub struct ServeArgs {
     /// binary lacks the `cuda` feature or no GPU is usable).
     #[arg(long, env = "COHORT_STORE")]
     pub store: Option<StoreKind>,
+    /// Per-request audit records kept (`GET /v1/audit/{id}`); 0 turns the audit off.
+    #[arg(long, env = "COHORT_AUDIT_MAX_RECORDS")]
+    pub audit_max_records: Option<usize>,
     /// Milliseconds to keep serving after SIGTERM while health checks answer 503.
     #[arg(long, env = "COHORT_DRAIN_DELAY_MS")]
     pub drain_delay_ms: Option<u64>,

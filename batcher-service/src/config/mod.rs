@@ -40,6 +40,8 @@
 //! [headers]                       # as the filter's `headers` (docs/CONTRACT.md)
 //! session = "x-cohort-session"
 //!
+//! audit_max_records = 65536      # per-request audit records kept (0: off)
+//!
 //! [store]
 //! max_entries = 1000000
 //! backend = "cpu"                 # cpu | gpu (falls back to cpu, with one warning, when
@@ -95,6 +97,9 @@ pub struct ServeConfig {
     pub ui_assets: Option<PathBuf>,
     /// Seconds to let in-flight calls finish after SIGTERM before exiting.
     pub drain_s: u64,
+    /// Per-request audit records kept, most recent first (0: no audit); a few hundred
+    /// bytes each.
+    pub audit_max_records: usize,
     /// Milliseconds after SIGTERM during which everything keeps serving while health
     /// checks answer 503 and front answers close their connections, so proxies move away
     /// before the listeners close.
@@ -118,6 +123,7 @@ impl Default for ServeConfig {
             salt_secret: String::new(),
             tenant_header: cohort_fingerprint::headers::TENANT.into(),
             headers: HeaderNames::default(),
+            audit_max_records: 65_536,
             drain_s: 10,
             drain_delay_ms: 4000,
         }
@@ -187,6 +193,9 @@ impl ServeConfig {
         if let Some(delay) = args.drain_delay_ms {
             config.drain_delay_ms = delay;
         }
+        if let Some(records) = args.audit_max_records {
+            config.audit_max_records = records;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -238,7 +247,7 @@ mod tests {
         let path = dir.join("serve.toml");
         std::fs::write(
             &path,
-            "grpc_listen = \"127.0.0.1:7000\"\nshard_count = 2\ndrain_delay_ms = 500\n[[replicas]]\nname = \"a\"\n[policy]\nbalance = 1.5\nkv_blocks_per_replica = 10\n",
+            "grpc_listen = \"127.0.0.1:7000\"\nshard_count = 2\ndrain_delay_ms = 500\naudit_max_records = 10\n[[replicas]]\nname = \"a\"\n[policy]\nbalance = 1.5\nkv_blocks_per_replica = 10\n",
         )
         .unwrap();
         let mut a = args(&[]);
@@ -249,13 +258,17 @@ mod tests {
         assert_eq!(config.policy.balance, 1.5);
         assert_eq!(config.shard_index, 1, "from the StatefulSet ordinal");
         assert_eq!(config.drain_delay_ms, 500);
+        assert_eq!(config.audit_max_records, 10);
         assert_eq!(ServeConfig::default().drain_delay_ms, 4000);
+        assert_eq!(ServeConfig::default().audit_max_records, 65_536);
         a.replicas = vec!["x".into(), "y".into()];
         a.grpc_listen = Some("127.0.0.1:7001".parse().unwrap());
         a.shard_index = Some(0);
         a.drain_delay_ms = Some(250);
+        a.audit_max_records = Some(0);
         let config = ServeConfig::load(&a, Some("cohort-batcher-1")).unwrap();
         assert_eq!(config.drain_delay_ms, 250);
+        assert_eq!(config.audit_max_records, 0);
         assert_eq!(config.grpc_listen.port(), 7001);
         assert_eq!(config.replicas.len(), 2);
         assert_eq!(config.shard_index, 0);

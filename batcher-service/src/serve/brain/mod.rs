@@ -15,7 +15,7 @@ mod live;
 mod metrics;
 mod report;
 
-use crate::audit::{AuditLog, AuditRecord, DEFAULT_RECORDS};
+use crate::audit::{AuditLog, AuditRecord};
 use crate::clock::Clock;
 use crate::config::ServeConfig;
 use crate::metrics::{decision_seconds, Histogram};
@@ -150,7 +150,7 @@ impl Brain {
             health: Mutex::new(live::Health::new(config.replicas.len())),
             progress_counters: live::ProgressCounters::default(),
             clock,
-            audit: Arc::new(AuditLog::new(DEFAULT_RECORDS)),
+            audit: Arc::new(AuditLog::new(config.audit_max_records)),
         }
     }
 
