@@ -319,6 +319,8 @@ fn a_real_prometheus_scrapes_envoy_and_the_batcher_and_evaluates_every_rule_and_
         let got = prometheus.query(present);
         assert!(!got.is_empty(), "{present} not scraped");
     }
+    // The CPU store: no GPU gauge at all (absent, not zero).
+    assert!(prometheus.query("cohort_gpu_utilization").is_empty());
     let fingerprinted = prometheus.query("sum(cohort_fingerprinted_total)");
     let value: f64 = fingerprinted[0]["value"][1]
         .as_str()

@@ -7,6 +7,7 @@
 //! - [`emu`]: the kernels of `kernels/store.cu` executed lane by lane on the CPU;
 //! - [`ivf`]: the approximate IVF path's host side (k-means, inverted lists, work items);
 //! - `cuda` (feature `cuda`): the CUDA backend (cudarc, NVRTC at open, dynamic loading);
+//! - `nvml` (feature `cuda`): the devices' utilisation through NVML, loaded at run time;
 //! - [`open`]: choose the store (`cpu` | `gpu`), falling back to the CPU store with a reason;
 //! - [`parity`]: the parity suite (GPU store against the CPU store) run by the tests and by
 //!   `gpu-check`; [`bench`]: the benchmark `gpu-check` prints.
@@ -21,10 +22,12 @@ pub mod emu;
 pub mod ivf;
 pub mod layout;
 pub mod mirror;
+#[cfg(feature = "cuda")]
+pub mod nvml;
 pub mod open;
 pub mod parity;
 pub mod store;
 
 pub use backend::{Backend, DeviceError};
-pub use open::{open_store, OpenedStore, StoreKind};
+pub use open::{open_store, GpuUtilization, OpenedStore, StoreKind};
 pub use store::{GpuStore, IvfSummary};

@@ -25,6 +25,9 @@ impl std::str::FromStr for StoreKind {
     }
 }
 
+/// Reads each GPU's utilisation (0–1) by device index: the `cohort_gpu_utilization` gauge.
+pub type GpuUtilization = Box<dyn Fn() -> Vec<(usize, f64)> + Send + Sync>;
+
 /// The store opened, what it is, and why it is not the one asked for (if so).
 pub struct OpenedStore {
     pub store: Box<dyn Store>,
@@ -32,6 +35,10 @@ pub struct OpenedStore {
     pub description: String,
     /// Set when `gpu` was asked for and the CPU store is used instead.
     pub fallback: Option<DeviceError>,
+    /// The GPU store's devices' utilisation (NVML); `None` on the CPU store, or with the
+    /// reason NVML could not be opened in `utilization_unavailable`.
+    pub utilization: Option<GpuUtilization>,
+    pub utilization_unavailable: Option<String>,
 }
 
 /// Open the store of `kind` with `config` (capacity and logical shards).
@@ -40,6 +47,8 @@ pub fn open_store(kind: StoreKind, config: CpuStoreConfig) -> OpenedStore {
         store: Box::new(CpuStore::new(config)),
         description: "cpu".to_owned(),
         fallback,
+        utilization: None,
+        utilization_unavailable: None,
     };
     match kind {
         StoreKind::Cpu => cpu(None),
@@ -54,10 +63,19 @@ pub fn open_store(kind: StoreKind, config: CpuStoreConfig) -> OpenedStore {
 fn open_gpu(config: CpuStoreConfig) -> Result<OpenedStore, DeviceError> {
     let store = crate::cuda::open(config)?;
     let description = store.describe().join(", ");
+    let (utilization, utilization_unavailable) = match crate::nvml::Nvml::open() {
+        Ok(nvml) => (
+            Some(Box::new(move || nvml.utilization()) as GpuUtilization),
+            None,
+        ),
+        Err(why) => (None, Some(why)),
+    };
     Ok(OpenedStore {
         store: Box::new(store),
         description,
         fallback: None,
+        utilization,
+        utilization_unavailable,
     })
 }
 
@@ -78,6 +96,8 @@ mod tests {
             return;
         }
         assert_eq!(opened.description, "cpu");
+        // No GPU store, no utilisation gauge (absent, not zero).
+        assert!(opened.utilization.is_none());
         assert_eq!(opened.store.stats().entries, 0);
         assert!("tpu".parse::<StoreKind>().is_err());
     }

@@ -64,6 +64,11 @@ fn main() {
         }
     };
     println!("gpu-check: {devices} CUDA device(s)");
+    // The cohort_gpu_utilization gauge's source.
+    match cohort_gpu_store::nvml::Nvml::open() {
+        Ok(nvml) => println!("gpu-check: NVML utilisation {:?}", nvml.utilization()),
+        Err(why) => println!("gpu-check: NVML FAIL {why}"),
+    }
     let started = Instant::now();
     let mut make = |cfg: CpuStoreConfig| -> Box<dyn Store> {
         match cuda::open(cfg) {

@@ -71,6 +71,21 @@ impl Brain {
             "Memory held by the fingerprint store.",
             store.bytes,
         );
+        // Only with the GPU store (NVML): absent, not zero, without a GPU.
+        if let Some(read) = &self.gpu_utilization {
+            let devices: Vec<(String, f64)> = read()
+                .into_iter()
+                .map(|(i, u)| (i.to_string(), u))
+                .collect();
+            if !devices.is_empty() {
+                scrape.labelled_gauge(
+                    "cohort_gpu_utilization",
+                    "GPU utilisation (0-1) of the fingerprint store's devices, from NVML.",
+                    "device",
+                    &devices,
+                );
+            }
+        }
         scrape.counter(
             "cohort_store_evictions_total",
             "Fingerprints evicted for capacity (least recently used).",

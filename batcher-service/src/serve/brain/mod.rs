@@ -25,7 +25,7 @@ use cohort_batcher_core::store::cpu::{Capacity, CpuStoreConfig};
 use cohort_batcher_core::store::{CpuStore, EntryMeta, SketchBytes, Store};
 use cohort_fingerprint::knobs::{batch_threshold, cache_ttl_s};
 use cohort_fingerprint::sketch::SKETCH_VERSION;
-use cohort_gpu_store::{open_store, StoreKind};
+use cohort_gpu_store::{open_store, GpuUtilization, StoreKind};
 use cohort_proto as pb;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -78,6 +78,8 @@ pub struct Brain {
     clock: Clock,
     /// Per-request cost records (`GET /v1/audit/{request_id}`), shared with the front.
     audit: Arc<AuditLog>,
+    /// The GPU store's devices' utilisation; `None` on the CPU store (the gauge is absent).
+    gpu_utilization: Option<GpuUtilization>,
 }
 
 fn tenant_hash(tenant: &str) -> u32 {
@@ -95,8 +97,8 @@ fn sketch_of(fp: &pb::Fingerprint) -> Option<SketchBytes> {
 }
 
 /// The store `store.backend` asks for; `gpu` that cannot open falls back to the CPU store
-/// with one warning.
-fn open_fingerprint_store(config: &ServeConfig) -> Box<dyn Store> {
+/// with one warning. With the GPU store, also its devices' utilisation reader (NVML).
+fn open_fingerprint_store(config: &ServeConfig) -> (Box<dyn Store>, Option<GpuUtilization>) {
     let kind = config.store.backend;
     let opened = open_store(
         kind,
@@ -112,7 +114,10 @@ fn open_fingerprint_store(config: &ServeConfig) -> Box<dyn Store> {
         }
         None => {}
     }
-    opened.store
+    if let Some(why) = &opened.utilization_unavailable {
+        tracing::warn!("no cohort_gpu_utilization: {why}");
+    }
+    (opened.store, opened.utilization)
 }
 
 impl Brain {
@@ -131,6 +136,7 @@ impl Brain {
                 (config.policy.kv_blocks_per_replica / shards).max(1),
             )
         };
+        let (store, gpu_utilization) = open_fingerprint_store(config);
         Brain {
             replicas: config.replicas.iter().map(|r| r.name.clone()).collect(),
             shard_index: config.shard_index,
@@ -143,7 +149,7 @@ impl Brain {
                 }),
                 config.store.cohort_idle_s,
             )),
-            store: open_fingerprint_store(config),
+            store,
             counters: Counters::default(),
             assign_seconds: decision_seconds(),
             pivot: Mutex::new(std::collections::HashMap::new()),
@@ -151,6 +157,7 @@ impl Brain {
             progress_counters: live::ProgressCounters::default(),
             clock,
             audit: Arc::new(AuditLog::new(config.audit_max_records)),
+            gpu_utilization,
         }
     }
 
