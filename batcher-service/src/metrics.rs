@@ -180,6 +180,36 @@ impl Scrape<'_> {
         );
     }
 
+    /// A counter with several labels (`name` ends in `_total`): one value per row of
+    /// label values, in `labels` order.
+    pub fn counter_by(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        rows: &[(Vec<String>, f64)],
+    ) {
+        if self.result.is_err() {
+            return;
+        }
+        let kind = MetricType::Counter;
+        self.result = (|| {
+            let mut encoder =
+                self.encoder
+                    .encode_descriptor(family(name, kind), help, None, kind)?;
+            for (values, value) in rows {
+                let escaped: Vec<String> = values.iter().map(|v| escape(v)).collect();
+                let pairs: Vec<(&str, &str)> = labels
+                    .iter()
+                    .copied()
+                    .zip(escaped.iter().map(String::as_str))
+                    .collect();
+                ConstCounter::new(*value).encode(encoder.encode_family(&pairs)?)?;
+            }
+            Ok(())
+        })();
+    }
+
     /// A gauge with one label.
     pub fn labelled_gauge(
         &mut self,

@@ -217,6 +217,7 @@ fn dashboard_queries(engine_service: &str) -> Vec<String> {
         .into_iter()
         .map(|e| {
             e.replace("$__rate_interval", "1m")
+                .replace("$__range", "1h")
                 .replace("$engine_service", engine_service)
         })
         .collect()
@@ -306,6 +307,11 @@ fn a_real_prometheus_scrapes_envoy_and_the_batcher_and_evaluates_every_rule_and_
         prometheus.query(query);
     }
     println!("{} dashboard queries evaluate", queries.len());
+    // The operator views have data: compute per token by length, and the pivot.
+    let compute = prometheus.query(
+        "1 - sum by (band) (increase(cohort_cached_tokens_est_total[1h])) / sum by (band) (increase(cohort_prompt_tokens_est_total[1h]))",
+    );
+    assert!(!compute.is_empty(), "no compute-per-token band");
     for present in [
         "cohort_requests_total",
         "cohort_fingerprinted_total",
@@ -315,6 +321,8 @@ fn a_real_prometheus_scrapes_envoy_and_the_batcher_and_evaluates_every_rule_and_
         "cohort_assign_total",
         "cohort_replica_assigned_total",
         "cohort_assign_decision_seconds_bucket",
+        "cohort_prompt_tokens_est_total",
+        "cohort_pivot_requests_total",
     ] {
         let got = prometheus.query(present);
         assert!(!got.is_empty(), "{present} not scraped");

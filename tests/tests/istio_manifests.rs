@@ -1314,6 +1314,10 @@ fn dashboard_queries_only_documented_metrics_through_a_templated_datasource() {
         "cohort_engine_cached_tokens_total",
         "cohort_front_requests_total",
         "envoy_cluster_upstream_rq_time_bucket",
+        "envoy_cluster_upstream_rq_active",
+        "cohort_pivot_requests_total",
+        "cohort_prompt_tokens_est_total",
+        "cohort_cached_tokens_est_total",
     ] {
         assert!(queried.contains(wanted), "no panel queries {wanted}");
     }

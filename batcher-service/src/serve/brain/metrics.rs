@@ -4,7 +4,7 @@
 
 use super::{lock, Brain};
 use crate::metrics::Scrape;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Brain {
     /// The batcher's part of `/metrics` (names documented in docs/METRICS.md).
@@ -70,6 +70,35 @@ impl Brain {
             "cohort_store_bytes",
             "Memory held by the fingerprint store.",
             store.bytes,
+        );
+        let bands = |counts: &[AtomicU64]| -> Vec<(String, f64)> {
+            super::LENGTH_BANDS
+                .iter()
+                .zip(counts)
+                .map(|(&(_, label), n)| (label.to_owned(), n.load(Ordering::Relaxed) as f64))
+                .collect()
+        };
+        scrape.labelled_counter(
+            "cohort_prompt_tokens_est_total",
+            "Estimated prompt tokens of Assign decisions, by prompt-length band.",
+            "band",
+            &bands(&c.band_prompt_tokens),
+        );
+        scrape.labelled_counter(
+            "cohort_cached_tokens_est_total",
+            "Of those, tokens the chosen replica was believed to hold, by prompt-length band.",
+            "band",
+            &bands(&c.band_cached_tokens),
+        );
+        let pivot: Vec<(Vec<String>, f64)> = lock(&self.pivot)
+            .iter()
+            .map(|((cohort, source), n)| (vec![format!("{cohort:08x}"), source.clone()], *n as f64))
+            .collect();
+        scrape.counter_by(
+            "cohort_pivot_requests_total",
+            "Observed requests per cohort and source (the tenant the mesh established), at most 4096 pairs.",
+            &["cohort", "source"],
+            &pivot,
         );
         // Only with the GPU store (NVML): absent, not zero, without a GPU.
         if let Some(read) = &self.gpu_utilization {

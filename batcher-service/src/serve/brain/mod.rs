@@ -48,9 +48,30 @@ const BYTES_PER_TOKEN: u32 = 4;
 /// not counted (the page says so).
 const PIVOT_CAP: usize = 4096;
 
+/// Prompt-length bands (estimated prompt tokens) of the compute-per-token view: lower
+/// bounds and labels.
+const LENGTH_BANDS: [(u64, &str); 5] = [
+    (0, "0-256"),
+    (256, "256-1k"),
+    (1024, "1k-4k"),
+    (4096, "4k-16k"),
+    (16384, "16k+"),
+];
+
+fn length_band(tokens: u64) -> usize {
+    LENGTH_BANDS
+        .iter()
+        .rposition(|&(low, _)| tokens >= low)
+        .unwrap_or(0)
+}
+
 /// Counters read by `/metrics` and `Status`.
 #[derive(Default)]
 struct Counters {
+    /// Per prompt-length band: estimated prompt tokens of Assign decisions, and of those
+    /// the tokens the chosen replica was believed to hold.
+    band_prompt_tokens: [AtomicU64; LENGTH_BANDS.len()],
+    band_cached_tokens: [AtomicU64; LENGTH_BANDS.len()],
     assigns: AtomicU64,
     observations: AtomicU64,
     observations_without_sketch: AtomicU64,
@@ -213,12 +234,14 @@ impl Brain {
             reason: choice.reason.as_str().to_owned(),
             ticket: choice.ticket,
         };
+        let record = audit_record(request, fp, &reply, rate);
+        let band = length_band(record.prompt_tokens_est);
+        self.counters.band_prompt_tokens[band]
+            .fetch_add(record.prompt_tokens_est, Ordering::Relaxed);
+        self.counters.band_cached_tokens[band]
+            .fetch_add(record.cached_tokens_est, Ordering::Relaxed);
         if !request.request_id.is_empty() {
-            self.audit.assigned(
-                &request.tenant,
-                audit_record(request, fp, &reply, rate),
-                reply.ticket,
-            );
+            self.audit.assigned(&request.tenant, record, reply.ticket);
         }
         Ok(reply)
     }
@@ -532,6 +555,27 @@ mod tests {
         );
         assert!(metrics.contains("cohort_store_entries 2\n"));
         assert!(metrics.contains("cohort_replica_assigned_total{replica=\"r0\"}"));
+        // The pivot: tenant a's two observations in one cohort.
+        assert!(
+            metrics.contains(&format!(
+                "cohort_pivot_requests_total{{cohort=\"{cluster}\",source=\"a\"}} 2.0\n"
+            )),
+            "{metrics}"
+        );
+        // Three Assign decisions of 4,096 prompt bytes (1,024 tokens): the 1k-4k band; the
+        // repeat of block 9 found it held on its replica (cached).
+        assert!(metrics.contains("cohort_prompt_tokens_est_total{band=\"1k-4k\"} 3072.0\n"));
+        assert!(metrics.contains("cohort_prompt_tokens_est_total{band=\"0-256\"} 0.0\n"));
+        assert!(metrics.contains("cohort_cached_tokens_est_total{band=\"1k-4k\"} 1024.0\n"));
+    }
+
+    #[test]
+    fn prompt_lengths_fall_into_bands() {
+        assert_eq!(LENGTH_BANDS[length_band(0)].1, "0-256");
+        assert_eq!(LENGTH_BANDS[length_band(255)].1, "0-256");
+        assert_eq!(LENGTH_BANDS[length_band(256)].1, "256-1k");
+        assert_eq!(LENGTH_BANDS[length_band(5000)].1, "4k-16k");
+        assert_eq!(LENGTH_BANDS[length_band(1 << 40)].1, "16k+");
     }
 
     #[test]
