@@ -189,10 +189,40 @@ impl Scrape<'_> {
         labels: &[&str],
         rows: &[(Vec<String>, f64)],
     ) {
+        self.rows(
+            (name, help, MetricType::Counter),
+            labels,
+            rows,
+            ConstCounter::new,
+        );
+    }
+
+    /// A gauge with several labels.
+    pub fn gauge_by(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        rows: &[(Vec<String>, f64)],
+    ) {
+        self.rows(
+            (name, help, MetricType::Gauge),
+            labels,
+            rows,
+            ConstGauge::new,
+        );
+    }
+
+    fn rows<M: EncodeMetric>(
+        &mut self,
+        (name, help, kind): (&str, &str, MetricType),
+        labels: &[&str],
+        rows: &[(Vec<String>, f64)],
+        metric: impl Fn(f64) -> M,
+    ) {
         if self.result.is_err() {
             return;
         }
-        let kind = MetricType::Counter;
         self.result = (|| {
             let mut encoder =
                 self.encoder
@@ -204,7 +234,7 @@ impl Scrape<'_> {
                     .copied()
                     .zip(escaped.iter().map(String::as_str))
                     .collect();
-                ConstCounter::new(*value).encode(encoder.encode_family(&pairs)?)?;
+                metric(*value).encode(encoder.encode_family(&pairs)?)?;
             }
             Ok(())
         })();

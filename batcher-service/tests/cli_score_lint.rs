@@ -108,8 +108,30 @@ fn score_ranks_instruction_first_above_variable_first() {
     assert!(groups[0]["score"]["prefix_reuse"].as_f64().unwrap() > 0.5);
     assert_eq!(groups[1]["score"]["prefix_reuse"].as_f64().unwrap(), 0.0);
     assert_eq!(code, 1, "variable-first is below 0.3");
+    // The effective cost per prompt token: the instruction-first prompts reuse most of
+    // theirs and cost less; the variable-first ones reuse nothing: base × (1 + penalty).
+    let cost = |g: &Value| g["effective_cost"].as_f64().unwrap();
+    assert!(cost(&groups[0]) < 0.5, "{out}");
+    assert_eq!(cost(&groups[1]), 1.5);
+    assert_eq!(report["cost_model"]["miss_penalty"], 0.5);
+    // Its coefficients act.
+    let (_, out, _) = cohort(&[
+        "score",
+        &file,
+        "--group-by",
+        "service",
+        "--format",
+        "json",
+        "--cost-base",
+        "2",
+        "--cost-miss-penalty",
+        "0",
+    ]);
+    let priced: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(priced["groups"][1]["effective_cost"], 2.0);
     let (code, table, _) = cohort(&["score", &file, "--group-by", "service", "--min-score", "0"]);
     assert_eq!(code, 0);
     assert!(table.starts_with("group"), "{table}");
+    assert!(table.contains("eff. cost"), "{table}");
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -10,6 +10,7 @@
 use super::inputs::{expand, verdict, Format, Progress, ScoreOptions};
 use anyhow::{Context, Result};
 use cohort_batcher_core::score::corpus::{chained_blocks, CorpusScore, CorpusScorer};
+use cohort_batcher_core::score::cost::CostModel;
 use cohort_fingerprint::{api, IntentSketch, SemanticMode};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -25,6 +26,13 @@ pub struct Args {
     group_by: Option<String>,
     #[command(flatten)]
     options: ScoreOptions,
+    /// Effective-cost model: the cost of one prompt token computed from scratch.
+    #[arg(long, default_value_t = CostModel::default().base)]
+    cost_base: f64,
+    /// Effective-cost model: the extra cost of a prompt that reuses nothing, as a share
+    /// of base.
+    #[arg(long, default_value_t = CostModel::default().miss_penalty)]
+    cost_miss_penalty: f64,
 }
 
 /// One prompt: a request body, or plain text wrapped as one user message.
@@ -88,14 +96,24 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Err(_) => unparsed += 1,
         }
     }
+    let model = CostModel {
+        base: args.cost_base,
+        miss_penalty: args.cost_miss_penalty,
+    };
+    let usable = |x: f64| x.is_finite() && x >= 0.0;
+    if !usable(model.base) || !usable(model.miss_penalty) {
+        anyhow::bail!("--cost-base and --cost-miss-penalty must be finite and not negative");
+    }
     let mut rows: Vec<(String, CorpusScore)> =
         groups.into_iter().map(|(g, s)| (g, s.finish())).collect();
+    let cost = |s: &CorpusScore| model.effective(s.prefix_reuse, s.hit_ratio);
     rows.sort_by(|a, b| b.1.score.total_cmp(&a.1.score).then(a.0.cmp(&b.0)));
     match args.options.format {
         Format::Json => println!(
             "{}",
             serde_json::to_string_pretty(&json!({
-                "groups": rows.iter().map(|(g, s)| json!({"group": g, "score": s})).collect::<Vec<_>>(),
+                "groups": rows.iter().map(|(g, s)| json!({"group": g, "score": s, "effective_cost": cost(s)})).collect::<Vec<_>>(),
+                "cost_model": model,
                 "unparsed": unparsed,
                 "min_score": args.options.min_score,
             }))?
@@ -108,16 +126,33 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 .unwrap_or(5)
                 .clamp(5, 60);
             println!(
-                "{:<width$}  {:>7}  {:>6}  {:>12}  {:>13}  {:>7}  {:>5}",
-                "group", "prompts", "blocks", "prefix reuse", "concentration", "cohorts", "score"
+                "{:<width$}  {:>7}  {:>6}  {:>12}  {:>13}  {:>7}  {:>5}  {:>9}",
+                "group",
+                "prompts",
+                "blocks",
+                "prefix reuse",
+                "concentration",
+                "cohorts",
+                "score",
+                "eff. cost"
             );
             for (group, s) in &rows {
                 let group: String = group.chars().take(width).collect();
                 println!(
-                    "{group:<width$}  {:>7}  {:>6}  {:>12.3}  {:>13.3}  {:>7}  {:>5.3}",
-                    s.prompts, s.blocks, s.prefix_reuse, s.concentration, s.cohorts, s.score
+                    "{group:<width$}  {:>7}  {:>6}  {:>12.3}  {:>13.3}  {:>7}  {:>5.3}  {:>9.3}",
+                    s.prompts,
+                    s.blocks,
+                    s.prefix_reuse,
+                    s.concentration,
+                    s.cohorts,
+                    s.score,
+                    cost(s)
                 );
             }
+            println!(
+                "eff. cost: per prompt token, base {} × (1 − prefix reuse) × (1 + {} × (1 − share of prompts reusing any block))",
+                model.base, model.miss_penalty
+            );
             if unparsed > 0 {
                 println!("{unparsed} lines were not an API request body or a text line: skipped");
             }

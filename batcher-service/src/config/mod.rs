@@ -42,6 +42,10 @@
 //!
 //! audit_max_records = 65536      # per-request audit records kept (0: off)
 //!
+//! [cost]                          # the effective-cost model (cohort_effective_cost)
+//! base = 1.0                      # cost of one prompt token computed from scratch
+//! miss_penalty = 0.5              # extra cost of a request with no prefix cached
+//!
 //! [store]
 //! max_entries = 1000000
 //! backend = "cpu"                 # cpu | gpu (falls back to cpu, with one warning, when
@@ -65,6 +69,7 @@ pub use sections::{
 };
 pub use validate::ConfigError;
 
+use cohort_batcher_core::score::cost::CostModel;
 use cohort_fingerprint::headers::HeaderNames;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -100,6 +105,8 @@ pub struct ServeConfig {
     /// Per-request audit records kept, most recent first (0: no audit); a few hundred
     /// bytes each.
     pub audit_max_records: usize,
+    /// The effective-cost model's coefficients (`cohort_effective_cost`).
+    pub cost: CostModel,
     /// Milliseconds after SIGTERM during which everything keeps serving while health
     /// checks answer 503 and front answers close their connections, so proxies move away
     /// before the listeners close.
@@ -124,6 +131,7 @@ impl Default for ServeConfig {
             tenant_header: cohort_fingerprint::headers::TENANT.into(),
             headers: HeaderNames::default(),
             audit_max_records: 65_536,
+            cost: CostModel::default(),
             drain_s: 10,
             drain_delay_ms: 4000,
         }
@@ -247,7 +255,7 @@ mod tests {
         let path = dir.join("serve.toml");
         std::fs::write(
             &path,
-            "grpc_listen = \"127.0.0.1:7000\"\nshard_count = 2\ndrain_delay_ms = 500\naudit_max_records = 10\n[[replicas]]\nname = \"a\"\n[policy]\nbalance = 1.5\nkv_blocks_per_replica = 10\n",
+            "grpc_listen = \"127.0.0.1:7000\"\nshard_count = 2\ndrain_delay_ms = 500\naudit_max_records = 10\n[cost]\nmiss_penalty = 2.0\n[[replicas]]\nname = \"a\"\n[policy]\nbalance = 1.5\nkv_blocks_per_replica = 10\n",
         )
         .unwrap();
         let mut a = args(&[]);
@@ -259,6 +267,8 @@ mod tests {
         assert_eq!(config.shard_index, 1, "from the StatefulSet ordinal");
         assert_eq!(config.drain_delay_ms, 500);
         assert_eq!(config.audit_max_records, 10);
+        assert_eq!(config.cost.miss_penalty, 2.0);
+        assert_eq!(config.cost.base, 1.0);
         assert_eq!(ServeConfig::default().drain_delay_ms, 4000);
         assert_eq!(ServeConfig::default().audit_max_records, 65_536);
         a.replicas = vec!["x".into(), "y".into()];
@@ -304,6 +314,8 @@ mod tests {
                 "policy.live_slack_private",
             ),
             ("[store]\nbackend = \"tpu\"\n", "backend"),
+            ("[cost]\nmiss_penalty = -1.0\n", "cost.miss_penalty"),
+            ("[cost]\nbase = nan\n", "cost.base"),
             ("[prefetch]\ndefault_level = \"hgh\"\n", "default_level"),
             ("[batch]\nmin_shared = 1.5\n", "min_shared"),
             ("tenant_header = \"X-Org\"\n", "tenant_header"),

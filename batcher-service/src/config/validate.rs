@@ -33,6 +33,8 @@ pub enum ConfigError {
     Slack(f64),
     #[error("policy.{0} must be a finite number ≥ 0, got {1}")]
     LiveSlack(&'static str, f64),
+    #[error("cost.{0} must be a finite number ≥ 0, got {1}")]
+    Cost(&'static str, f64),
     #[error("replica {name}: {problem}")]
     ReplicaTarget { name: String, problem: String },
     #[error("batch mode needs a url for every replica or for none (missing: {0})")]
@@ -76,6 +78,14 @@ impl ServeConfig {
         ] {
             if !slack.is_finite() || slack < 0.0 {
                 return Err(ConfigError::LiveSlack(name, slack));
+            }
+        }
+        for (name, value) in [
+            ("base", self.cost.base),
+            ("miss_penalty", self.cost.miss_penalty),
+        ] {
+            if !value.is_finite() || value < 0.0 {
+                return Err(ConfigError::Cost(name, value));
             }
         }
         self.validate_front()

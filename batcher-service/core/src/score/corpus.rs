@@ -44,6 +44,8 @@ pub struct CorpusScorer {
     prompts: usize,
     blocks: usize,
     reused_blocks: usize,
+    /// Prompts that reused at least one block.
+    hit_prompts: usize,
     joined: usize,
 }
 
@@ -56,6 +58,8 @@ pub struct CorpusScore {
     pub cohorts: usize,
     /// Share of blocks an earlier prompt already computed.
     pub prefix_reuse: f64,
+    /// Share of prompts that reused at least one block.
+    pub hit_ratio: f64,
     /// Share of prompts that joined an earlier cohort.
     pub concentration: f64,
     pub score: f64,
@@ -73,6 +77,7 @@ impl CorpusScorer {
             .take_while(|b| self.seen_blocks.contains(b))
             .count();
         self.reused_blocks += reused;
+        self.hit_prompts += usize::from(reused > 0);
         self.seen_blocks.extend(blocks.iter().copied());
         if let Some(sketch) = sketch.filter(|s| !s.is_zero()) {
             if self
@@ -97,6 +102,7 @@ impl CorpusScorer {
             reused_blocks: self.reused_blocks,
             cohorts: self.cohorts.len(),
             prefix_reuse,
+            hit_ratio: ratio(self.hit_prompts, self.prompts),
             concentration,
             score: PREFIX_WEIGHT * prefix_reuse + (1.0 - PREFIX_WEIGHT) * concentration,
         }

@@ -10,10 +10,14 @@
 //!   *prefix entropy* is the information that shared prefix carries (a template whose
 //!   shared part is `"Q: "` carries almost none).
 //!
-//! Both give a score in 0–1; the commands fail below a threshold (default 0.3) so a CI job
+//! - [`cost`]: the effective-cost model (cost per prompt token after the cache's saving
+//!   and the misses' penalty), shared with `cohort serve`'s per-tenant metric.
+//!
+//! Both scores are in 0–1; the commands fail below a threshold (default 0.3) so a CI job
 //! can keep cache-hostile templates out.
 
 pub mod corpus;
+pub mod cost;
 pub mod template;
 
 /// The default score below which `cohort score` and `cohort lint` exit non-zero.

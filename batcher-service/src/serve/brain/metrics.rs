@@ -100,6 +100,23 @@ impl Brain {
             &["cohort", "source"],
             &pivot,
         );
+        let costs: Vec<(Vec<String>, f64)> = lock(&self.costs)
+            .iter()
+            .map(|((tenant, route), c)| {
+                let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+                let cost = self.cost_model.effective(
+                    ratio(c.cached_tokens, c.prompt_tokens),
+                    ratio(c.hits, c.requests),
+                );
+                (vec![tenant.clone(), route.clone()], cost)
+            })
+            .collect();
+        scrape.gauge_by(
+            "cohort_effective_cost",
+            "Effective cost per prompt token since start, per tenant and route: base x (1 - tokens cached) x (1 + miss_penalty x (1 - requests hitting)).",
+            &["tenant", "route"],
+            &costs,
+        );
         // Only with the GPU store (NVML): absent, not zero, without a GPU.
         if let Some(read) = &self.gpu_utilization {
             let devices: Vec<(String, f64)> = read()

@@ -65,6 +65,19 @@ fn length_band(tokens: u64) -> usize {
         .unwrap_or(0)
 }
 
+/// (tenant, route) pairs whose effective cost is kept; beyond, new pairs are not counted.
+const COST_CAP: usize = 1024;
+
+/// One (tenant, route)'s Assign decisions, for `cohort_effective_cost`.
+#[derive(Default, Clone, Copy)]
+struct CostCounts {
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    requests: u64,
+    /// Requests whose chosen replica held any of their prefix.
+    hits: u64,
+}
+
 /// Counters read by `/metrics` and `Status`.
 #[derive(Default)]
 struct Counters {
@@ -101,6 +114,9 @@ pub struct Brain {
     audit: Arc<AuditLog>,
     /// The GPU store's devices' utilisation; `None` on the CPU store (the gauge is absent).
     gpu_utilization: Option<GpuUtilization>,
+    /// Per (tenant, route): what the effective-cost model reads.
+    costs: Mutex<std::collections::HashMap<(String, String), CostCounts>>,
+    cost_model: cohort_batcher_core::score::cost::CostModel,
 }
 
 fn tenant_hash(tenant: &str) -> u32 {
@@ -179,6 +195,8 @@ impl Brain {
             clock,
             audit: Arc::new(AuditLog::new(config.audit_max_records)),
             gpu_utilization,
+            costs: Mutex::new(std::collections::HashMap::new()),
+            cost_model: config.cost,
         }
     }
 
@@ -240,10 +258,27 @@ impl Brain {
             .fetch_add(record.prompt_tokens_est, Ordering::Relaxed);
         self.counters.band_cached_tokens[band]
             .fetch_add(record.cached_tokens_est, Ordering::Relaxed);
+        self.count_cost(&request.tenant, &request.path, &record);
         if !request.request_id.is_empty() {
             self.audit.assigned(&request.tenant, record, reply.ticket);
         }
         Ok(reply)
+    }
+
+    /// Adds one Assign decision to its (tenant, route)'s effective-cost counts.
+    fn count_cost(&self, tenant: &str, route: &str, record: &AuditRecord) {
+        let mut costs = lock(&self.costs);
+        let len = costs.len();
+        let key = (tenant.to_owned(), route.to_owned());
+        let counts = match costs.get_mut(&key) {
+            Some(counts) => counts,
+            None if len < COST_CAP => costs.entry(key).or_default(),
+            None => return,
+        };
+        counts.prompt_tokens += record.prompt_tokens_est;
+        counts.cached_tokens += record.cached_tokens_est;
+        counts.requests += 1;
+        counts.hits += u64::from(record.matched_blocks > 0);
     }
 
     pub fn observe(&self, batch: &pb::ObservationBatch, now_ms: u64) {
@@ -567,6 +602,37 @@ mod tests {
         assert!(metrics.contains("cohort_prompt_tokens_est_total{band=\"1k-4k\"} 3072.0\n"));
         assert!(metrics.contains("cohort_prompt_tokens_est_total{band=\"0-256\"} 0.0\n"));
         assert!(metrics.contains("cohort_cached_tokens_est_total{band=\"1k-4k\"} 1024.0\n"));
+    }
+
+    #[test]
+    fn the_effective_cost_is_per_tenant_and_route_and_its_coefficients_act() {
+        let with_penalty = |miss_penalty: f64| {
+            let config = ServeConfig {
+                replicas: (0..2).map(|i| Replica::named(&format!("r{i}"))).collect(),
+                cost: cohort_batcher_core::score::cost::CostModel {
+                    base: 1.0,
+                    miss_penalty,
+                },
+                ..ServeConfig::default()
+            };
+            Arc::new(Brain::new(&config, Clock::start()))
+        };
+        for (penalty, first, both) in [(0.5, "1.5", "0.625"), (2.0, "3.0", "1.0")] {
+            let brain = with_penalty(penalty);
+            // A cold request: nothing cached, no hit.
+            assign(&brain, vec![41], sketch(1), "a");
+            let page1 = page(&brain, 1_000);
+            let line = format!("cohort_effective_cost{{tenant=\"a\",route=\"\"}} {first}\n");
+            assert!(page1.contains(&line), "{line} in {page1}");
+            // The same prompt again: all of it held, a hit. Half the tokens and half the
+            // requests now: (1 − 0.5) × (1 + penalty × 0.5).
+            assign(&brain, vec![41], sketch(1), "a");
+            let line = format!("cohort_effective_cost{{tenant=\"a\",route=\"\"}} {both}\n");
+            assert!(page(&brain, 1_000).contains(&line), "{line}");
+            // Another tenant has its own line.
+            assign(&brain, vec![42], sketch(1), "b");
+            assert!(page(&brain, 1_000).contains("cohort_effective_cost{tenant=\"b\",route=\"\"}"));
+        }
     }
 
     #[test]
