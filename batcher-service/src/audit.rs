@@ -51,6 +51,9 @@ pub struct AuditRecord {
     pub answered_by: Option<String>,
     /// Batch mode: a warm-up of its cohort chose its replica.
     pub warmed: Option<bool>,
+    /// Why the filter passed the request through (`holdout`, `breaker_open`,
+    /// `invalid_json`, …); the routing fields are then empty.
+    pub bypass: Option<String>,
     /// From the filter's progress reports (assign and batch mode).
     pub status: Option<u32>,
     pub first_byte_ms: Option<u32>,
@@ -115,6 +118,17 @@ impl AuditLog {
             let Inner { records, tickets } = &mut *inner;
             tickets.retain(|_, key| records.contains(key));
         }
+    }
+
+    /// A request the filter passed through, and why.
+    pub fn bypassed(&self, tenant: &str, request_id: &str, mode: &str, reason: &str) {
+        let record = AuditRecord {
+            request_id: request_id.to_owned(),
+            mode: mode.to_owned(),
+            bypass: Some(reason.to_owned()),
+            ..AuditRecord::default()
+        };
+        self.assigned(tenant, record, 0);
     }
 
     /// A progress report under `ticket`: the first byte, or the end with its status.
@@ -217,6 +231,16 @@ mod tests {
             log.get("t", "req-1").unwrap().batch_role.as_deref(),
             Some("follower")
         );
+    }
+
+    #[test]
+    fn a_bypass_is_recorded_with_its_reason() {
+        let log = AuditLog::new(8);
+        log.bypassed("t", "req-9", "assign", "holdout");
+        let r = log.get("t", "req-9").unwrap();
+        assert_eq!(r.bypass.as_deref(), Some("holdout"));
+        assert_eq!(r.replica, "");
+        assert_eq!(log.get("u", "req-9"), None);
     }
 
     #[test]

@@ -129,7 +129,37 @@ pub fn observation(
         shard: shard.unwrap_or_default().to_owned(),
         mode: mode.as_str().to_owned(),
         progress: None,
+        bypass: String::new(),
     }
+}
+
+/// A request the filter passed through, for the batcher's audit: who, where, and why.
+pub fn bypass_observation(
+    plan: &RequestPlan,
+    mode: Mode,
+    reason: &str,
+    now_ms: u64,
+) -> pb::Observation {
+    pb::Observation {
+        request: Some(pb::RequestInfo {
+            tenant: plan.tenant.clone().unwrap_or_default(),
+            path: plan.path.clone(),
+            request_id: plan.request_id.clone().unwrap_or_default(),
+            mode: mode.as_str().to_owned(),
+            ..Default::default()
+        }),
+        observed_unix_ms: now_ms,
+        mode: mode.as_str().to_owned(),
+        bypass: reason.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// The batcher shard that keeps a bypassed request's audit record: jump hash of its
+/// request id (it has no fingerprint to pick a shard by).
+pub fn bypass_shard(config: &FilterConfig, request_id: &str) -> Option<usize> {
+    let n = config.batcher_clusters.len();
+    (n > 0).then(|| jump_hash(xxhash_rust::xxh3::xxh3_64(request_id.as_bytes()), n as u32) as usize)
 }
 
 /// An assigned request's progress (first byte or end), reported under the batcher's
@@ -153,6 +183,7 @@ pub fn progress_observation(
             status,
             elapsed_ms,
         }),
+        bypass: String::new(),
     }
 }
 

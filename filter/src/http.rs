@@ -118,6 +118,27 @@ impl CohortHttp {
         }
     }
 
+    /// Queues a passed-through request's reason for the batcher's audit (when a batcher is
+    /// configured, observations are on, and the request has an id).
+    fn audit_bypass(&self, plan: &RequestPlan, reason: &'static str) {
+        let Ok(config) = &self.shared.config else {
+            return;
+        };
+        let Some(request_id) = plan.request_id.as_deref().filter(|_| config.observe) else {
+            return;
+        };
+        let Some(shard) = batcher::bypass_shard(config, request_id) else {
+            return;
+        };
+        let now = unix_ms(self.get_current_time());
+        let observation = batcher::bypass_observation(plan, config.mode, reason, now);
+        if !self.shared.outbox.borrow_mut().push(shard, observation) {
+            if let Some(stats) = &self.shared.stats {
+                stats.inc(stats.observe_dropped);
+            }
+        }
+    }
+
     fn bypass(&mut self, reason: &'static str) {
         if let Ok(config) = &self.shared.config {
             self.set_http_request_header(&config.headers.bypass, Some(reason));
@@ -202,6 +223,7 @@ impl CohortHttp {
             return Action::Continue;
         };
         let Some(body) = self.get_http_request_body(0, self.buffered) else {
+            self.audit_bypass(&plan, reason::NO_BODY);
             self.bypass(reason::NO_BODY);
             return Action::Continue;
         };
@@ -217,6 +239,7 @@ impl CohortHttp {
         let routing = match routed {
             Ok(routing) => routing,
             Err(reason) => {
+                self.audit_bypass(&plan, reason);
                 self.bypass(reason);
                 return Action::Continue;
             }
@@ -488,15 +511,18 @@ impl HttpContext for CohortHttp {
                 match decision::admit(config, &plan, &headers, route.as_deref(), breaker_state) {
                     Admission::Treat => {}
                     Admission::Untouched(reason) => {
+                        self.audit_bypass(&plan, reason);
                         self.untouched(reason);
                         return Action::Continue;
                     }
                     Admission::Bypass(reason) => {
+                        self.audit_bypass(&plan, reason);
                         self.bypass(reason);
                         return Action::Continue;
                     }
                 }
                 if end_of_stream {
+                    self.audit_bypass(&plan, reason::NO_BODY);
                     self.bypass(reason::NO_BODY);
                     return Action::Continue;
                 }
@@ -521,6 +547,9 @@ impl HttpContext for CohortHttp {
             .map_or(0, |c| c.body_limit_bytes);
         if body_size > limit {
             // Stop buffering before Envoy's own buffer limit could answer 413.
+            if let State::Buffering(plan) = &self.state {
+                self.audit_bypass(plan, reason::BODY_TOO_LARGE);
+            }
             self.bypass(reason::BODY_TOO_LARGE);
             return Action::Continue;
         }

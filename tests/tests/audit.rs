@@ -145,6 +145,23 @@ fn assign_mode_requests_are_audited_for_their_tenant_only() {
         .iter()
         .all(|r| r["cached_tokens_est"] == r["prompt_tokens_est"]));
 
+    // A request the filter passed through (not JSON): its reason, for its tenant.
+    let before = received_ids(&engines).len();
+    let response = post_json(listen, CHAT, &[("x-cohort-tenant", "tenant-a")], b"{oops");
+    assert_eq!(response.status, 200);
+    let ids_now = received_ids(&engines);
+    assert_eq!(ids_now.len(), before + 1);
+    let seen: std::collections::BTreeSet<&String> = ids.iter().map(|(id, _)| id).collect();
+    let (bypassed, _) = ids_now.iter().find(|(id, _)| !seen.contains(id)).unwrap();
+    assert!(eventually(Duration::from_secs(5), || {
+        audit(http, bypassed, "tenant-a").0 == 200
+    }));
+    let (_, record) = audit(http, bypassed, "tenant-a");
+    println!("{}", serde_json::to_string(&record).unwrap());
+    assert_eq!(record["bypass"], "invalid_json");
+    assert_eq!(record["mode"], "assign");
+    assert_eq!(audit(http, bypassed, "tenant-b").0, 404);
+
     // The command line: the same record, exit 0; another tenant, exit 1.
     let (id, _) = &ids[0];
     let out = std::process::Command::new(binary())

@@ -296,6 +296,18 @@ impl Brain {
             self.progress(progress, now_ms);
             return;
         }
+        // Nor is a bypass: the filter passed the request through; only the audit keeps it.
+        if !observation.bypass.is_empty() {
+            if let Some(request) = &observation.request {
+                self.audit.bypassed(
+                    &request.tenant,
+                    &request.request_id,
+                    &request.mode,
+                    &observation.bypass,
+                );
+            }
+            return;
+        }
         self.counters.observations.fetch_add(1, Ordering::Relaxed);
         let Some(request) = &observation.request else {
             return;
