@@ -24,16 +24,43 @@ impl Envoy {
     /// deadline, which a loaded 2-core machine meets) asking the batcher shard on
     /// `batcher_grpc`, over the engine replicas on `replicas`.
     pub fn start_assign(batcher_grpc: u16, replicas: &[u16]) -> Envoy {
+        Envoy::assign_with(
+            batcher_grpc,
+            replicas,
+            r#"{"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]}"#,
+        )
+    }
+
+    /// `istio/envoy/assign.yaml` on free ports with the given plugin configuration (JSON),
+    /// over one batcher shard and the engine replicas on `replicas`.
+    pub fn assign_with(batcher_grpc: u16, replicas: &[u16], plugin: &str) -> Envoy {
         use crate::config;
         let mut yaml = config::load("assign");
         let (admin, listen) = (crate::free_port(), crate::free_port());
         config::set_ports(&mut yaml, admin, listen);
         config::set_assign_endpoints(&mut yaml, &[batcher_grpc], replicas);
-        config::set_filter(
-            &mut yaml,
-            r#"{"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]}"#,
-        );
+        config::set_filter(&mut yaml, plugin);
         Envoy::start(&yaml, admin, listen)
+    }
+
+    /// `istio/envoy/batch.yaml` on free ports with the given plugin configuration, over one
+    /// batcher shard (gRPC and front) and the engine replicas on `replicas`; returns once the
+    /// front and the replicas passed their first health check (before that, Envoy sends
+    /// marked requests to the replicas directly).
+    pub fn batch_with(batcher_grpc: u16, front: u16, replicas: &[u16], plugin: &str) -> Envoy {
+        use crate::config;
+        let mut yaml = config::load("batch");
+        let (admin, listen) = (crate::free_port(), crate::free_port());
+        config::set_ports(&mut yaml, admin, listen);
+        config::set_batch_endpoints(&mut yaml, batcher_grpc, front, replicas);
+        config::set_filter(&mut yaml, plugin);
+        let envoy = Envoy::start(&yaml, admin, listen);
+        assert!(envoy.wait_for_stat(
+            "cluster.cohort-front-0.membership_healthy",
+            replicas.len() as u64 + 1,
+            std::time::Duration::from_secs(10)
+        ));
+        envoy
     }
 
     /// Starts Envoy with `config` (YAML) and waits until its admin `/ready` answers 200;

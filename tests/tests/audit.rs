@@ -6,9 +6,6 @@
 
 use cohort_tests::batcher::{binary, Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, request};
-use cohort_tests::config::{
-    self, set_assign_endpoints, set_batch_endpoints, set_filter, set_ports,
-};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::upstream::Upstream;
 use cohort_tests::{eventually, free_port};
@@ -75,18 +72,15 @@ fn assign_mode_requests_are_audited_for_their_tenant_only() {
         front_port: None,
         extra_args: Vec::new(),
     });
-    let mut config = config::load("assign");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
     let ports: Vec<u16> = engines.iter().map(|u| u.port).collect();
-    set_assign_endpoints(&mut config, &[batcher.spec.grpc_port], &ports);
-    set_filter(
-        &mut config,
+    let envoy = Envoy::assign_with(
+        batcher.spec.grpc_port,
+        &ports,
         &json!({"mode": "assign", "assign_deadline_ms": 2000,
                 "batcher_clusters": ["cohort-batcher-0"], "trust_tenant_header": true})
         .to_string(),
     );
-    let envoy = Envoy::start(&config, admin, listen);
+    let listen = envoy.listen_port;
     for user in [
         "how do I reset my PIN?",
         "my card was declined",
@@ -214,30 +208,17 @@ fn batch_mode_requests_are_audited_with_their_batch_role() {
         front_port: Some(free_port()),
         extra_args: Vec::new(),
     });
-    let mut config = config::load("batch");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
     let ports: Vec<u16> = engines.iter().map(|u| u.port).collect();
-    set_batch_endpoints(
-        &mut config,
+    let envoy = Envoy::batch_with(
         batcher.spec.grpc_port,
         batcher.spec.front_port.unwrap(),
         &ports,
-    );
-    set_filter(
-        &mut config,
         &json!({"mode": "batch", "assign_deadline_ms": 2000,
                 "batcher_clusters": ["cohort-batcher-0"], "trust_tenant_header": true})
         .to_string(),
     );
-    let envoy = Envoy::start(&config, admin, listen);
-    assert!(envoy.wait_for_stat(
-        "cluster.cohort-front-0.membership_healthy",
-        3,
-        Duration::from_secs(10)
-    ));
     let response = post_json(
-        listen,
+        envoy.listen_port,
         CHAT,
         &[("x-cohort-tenant", "tenant-a")],
         &body("how do I reset my PIN?"),
