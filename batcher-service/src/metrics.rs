@@ -98,6 +98,11 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// One-label values as rows of label values.
+fn one_label(values: &[(String, f64)]) -> Vec<(Vec<String>, f64)> {
+    values.iter().map(|(l, v)| (vec![l.clone()], *v)).collect()
+}
+
 /// A counter's family name as OpenMetrics wants it: without `_total`.
 fn family(name: &str, kind: MetricType) -> &str {
     match kind {
@@ -116,30 +121,6 @@ impl Scrape<'_> {
             .encoder
             .encode_descriptor(family(name, kind), help, None, kind)
             .and_then(|encoder| metric.encode(encoder));
-    }
-
-    /// One metric of type `kind` per value of `label`, each made by `metric`.
-    fn family<M: EncodeMetric>(
-        &mut self,
-        (name, help, kind): (&str, &str, MetricType),
-        label: &str,
-        values: &[(String, f64)],
-        metric: impl Fn(f64) -> M,
-    ) {
-        if self.result.is_err() {
-            return;
-        }
-        self.result = (|| {
-            let mut encoder =
-                self.encoder
-                    .encode_descriptor(family(name, kind), help, None, kind)?;
-            for (value_label, value) in values {
-                let value_label = escape(value_label);
-                let labels = [(label, value_label.as_str())];
-                metric(*value).encode(encoder.encode_family(&labels)?)?;
-            }
-            Ok(())
-        })();
     }
 
     /// A counter (`name` ends in `_total`).
@@ -172,10 +153,10 @@ impl Scrape<'_> {
         label: &str,
         values: &[(String, f64)],
     ) {
-        self.family(
+        self.rows(
             (name, help, MetricType::Counter),
-            label,
-            values,
+            &[label],
+            &one_label(values),
             ConstCounter::new,
         );
     }
@@ -213,6 +194,8 @@ impl Scrape<'_> {
         );
     }
 
+    /// One metric of type `kind` per row of label values (in `labels` order), each made
+    /// by `metric`.
     fn rows<M: EncodeMetric>(
         &mut self,
         (name, help, kind): (&str, &str, MetricType),
@@ -248,10 +231,10 @@ impl Scrape<'_> {
         label: &str,
         values: &[(String, f64)],
     ) {
-        self.family(
+        self.rows(
             (name, help, MetricType::Gauge),
-            label,
-            values,
+            &[label],
+            &one_label(values),
             ConstGauge::new,
         );
     }

@@ -465,6 +465,50 @@ mod tests {
     }
 
     #[test]
+    fn every_threshold_moves_the_verdict() {
+        // 100 outcomes each; the cohort group has 2 5xx at 60 ms, the hold-out none at 20 ms.
+        let mut w = outcomes(1_000, Group::Cohort, 100, 2, 60.0);
+        w.merge(&outcomes(1_000, Group::Holdout, 100, 0, 20.0));
+        let totals = w.totals(1_000, 5);
+        let verdict = |c: BreakerConfig| trip(&c, &totals);
+        let quiet = BreakerConfig {
+            max_error_rate: 0.05,
+            max_latency_increase: 10.0,
+            ..config()
+        };
+        assert_eq!(verdict(quiet.clone()), None);
+        // A lower error threshold trips on the 2%.
+        let errors = BreakerConfig {
+            max_error_rate: 0.01,
+            ..quiet.clone()
+        };
+        assert!(matches!(verdict(errors), Some(Trip::Errors { .. })));
+        // A lower latency increase trips on 3× (and 40 ms above, over the 20 ms floor)…
+        let slower = BreakerConfig {
+            max_latency_increase: 1.0,
+            min_latency_delta_ms: 20.0,
+            ..quiet.clone()
+        };
+        assert!(matches!(
+            verdict(slower.clone()),
+            Some(Trip::Latency { .. })
+        ));
+        // …but not when the absolute floor is above the gap.
+        let floor = BreakerConfig {
+            min_latency_delta_ms: 100.0,
+            ..slower
+        };
+        assert_eq!(verdict(floor), None);
+        // More outcomes required than there are: no verdict at all.
+        let few = BreakerConfig {
+            min_requests: 101,
+            max_error_rate: 0.01,
+            ..quiet
+        };
+        assert_eq!(verdict(few), None);
+    }
+
+    #[test]
     fn it_opens_cools_down_probes_and_closes() {
         let c = config();
         let mut b = Breaker::default();

@@ -235,6 +235,13 @@ impl FilterConfig {
         range("breaker.probe_s", b.probe_s, 1, 3600)
     }
 
+    /// Whether the breaker judges: it is enabled and there is a hold-out to compare with
+    /// (share below 1). Only then are outcomes recorded and folded; without a hold-out it
+    /// could never trip, so the filter spends nothing on it.
+    pub fn breaker_judges(&self) -> bool {
+        self.breaker.enabled && self.rollout.treated_buckets() < crate::rollout::BUCKETS
+    }
+
     /// The header a request's rollout bucket is taken from.
     pub fn rollout_key_header(&self) -> &str {
         self.rollout
@@ -341,6 +348,11 @@ mod tests {
             FilterConfig::parse(br#"{"rollout":{"share":0.05,"key_header":"x-user-id"}}"#).unwrap();
         assert_eq!(config.rollout_key_header(), "x-user-id");
         assert_eq!(config.rollout.treated_buckets(), 500);
+        assert!(config.breaker_judges());
+        // No hold-out, or the breaker off: nothing to judge.
+        assert!(!FilterConfig::default().breaker_judges());
+        let off = FilterConfig::parse(br#"{"rollout":{"share":0.5},"breaker":{"enabled":false}}"#);
+        assert!(!off.unwrap().breaker_judges());
     }
 
     #[test]

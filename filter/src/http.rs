@@ -500,14 +500,12 @@ impl HttpContext for CohortHttp {
                 } else {
                     None
                 };
-                let breaker_state = if config.breaker.enabled {
+                let breaker_state = if config.breaker_judges() {
+                    self.started = Some(self.get_current_time());
                     shared.breaker.borrow().state
                 } else {
                     breaker::State::Closed
                 };
-                if config.breaker.enabled {
-                    self.started = Some(self.get_current_time());
-                }
                 match decision::admit(config, &plan, &headers, route.as_deref(), breaker_state) {
                     Admission::Treat => {}
                     Admission::Untouched(reason) => {

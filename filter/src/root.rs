@@ -221,7 +221,7 @@ impl RootContext for CohortRoot {
         for (shard, cluster) in config.batcher_clusters.iter().enumerate() {
             self.flush_shard(shard, cluster);
         }
-        if config.breaker.enabled {
+        if config.breaker_judges() {
             self.sync_breaker(config, self.now_ms());
         }
     }
@@ -249,7 +249,7 @@ impl RootContext for CohortRoot {
             Ok(config) if config.observe => config.batcher_clusters.len(),
             _ => 0,
         };
-        let breaker_on = config.as_ref().is_ok_and(|c| c.breaker.enabled);
+        let breaker_on = config.as_ref().is_ok_and(FilterConfig::breaker_judges);
         let tick = if shards > 0 {
             Some(OBSERVE_TICK)
         } else if breaker_on {

@@ -22,7 +22,7 @@
 //! | `cohort_observe_sent_total` | counter | observations sent on an `Observe` stream |
 //! | `cohort_progress_sent_total` | counter | progress reports of assigned requests (first byte, end) sent on it |
 //! | `cohort_observe_dropped_total` | counter | observations dropped (queue full while the batcher was away, or a failed send) |
-//! | `cohort_responses_routed_total` | counter | responses to requests Cohort routed (the breaker's cohort group) |
+//! | `cohort_responses_routed_total` | counter | responses to requests Cohort routed (the breaker's cohort group; counted while the breaker judges: enabled, with a hold-out) |
 //! | `cohort_responses_routed_5xx_total` | counter | of which 5xx |
 //! | `cohort_responses_holdout_total` | counter | responses to held-out requests (the breaker's control group) |
 //! | `cohort_responses_holdout_5xx_total` | counter | of which 5xx |

@@ -407,30 +407,73 @@ fn the_breaker_opens_when_cohort_traffic_turns_five_times_slower() {
 }
 
 #[test]
-fn a_disabled_route_and_a_disabled_breaker_leave_requests_alone() {
-    let upstream = Upstream::start("u");
-    let mut config = config::load("affinity");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
-    set_endpoints(&mut config, "engines", &[upstream.port]);
-    config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-        ["route_config"]["virtual_hosts"][0]["routes"][0]["name"] = Value::from("legacy-chat");
-    set_filter(
-        &mut config,
-        r#"{"rollout":{"disabled_routes":["legacy-chat"]},"breaker":{"enabled":false}}"#,
+fn routes_cohort_is_not_enabled_for_are_left_alone() {
+    // The route is named `legacy-chat`: disabled by name, or not in an enabled list, it is
+    // left untouched; enabled by name, Cohort routes it. (The breaker is off in the first
+    // two, and records nothing.)
+    for (plugin, expected) in [
+        (
+            r#"{"rollout":{"disabled_routes":["legacy-chat"]},"breaker":{"enabled":false}}"#,
+            "route_disabled",
+        ),
+        (
+            r#"{"rollout":{"enabled_routes":["new-chat"]},"breaker":{"enabled":false}}"#,
+            "route_disabled",
+        ),
+        (
+            r#"{"rollout":{"enabled_routes":["legacy-chat"]}}"#,
+            "routed",
+        ),
+    ] {
+        let upstream = Upstream::start("u");
+        let mut config = config::load("affinity");
+        let (admin, listen) = (free_port(), free_port());
+        set_ports(&mut config, admin, listen);
+        set_endpoints(&mut config, "engines", &[upstream.port]);
+        config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0]["name"] =
+            Value::from("legacy-chat");
+        set_filter(&mut config, plugin);
+        let envoy = Envoy::start(&config, admin, listen);
+        let body = chat("where is my refund");
+        let mut connection = Connection::new(listen);
+        let response = connection.post_json(CHAT, &[], &body).unwrap();
+        assert_eq!(verdict(response.header("x-cohort")), expected, "{plugin}");
+        let got = upstream.received().pop().unwrap();
+        assert_eq!(got.body, body);
+        let untouched = got.headers.iter().all(|(n, _)| !n.starts_with("x-cohort"));
+        assert_eq!(untouched, expected == "route_disabled", "{plugin}");
+        assert_eq!(
+            envoy.stat("wasmcustom.cohort_bypass_route_disabled_total"),
+            u64::from(expected == "route_disabled")
+        );
+        assert_eq!(envoy.stat("wasmcustom.cohort_responses_routed_total"), 0);
+    }
+}
+
+#[test]
+fn without_a_hold_out_the_breaker_records_nothing_and_stays_closed() {
+    // Share 1 (the default): every request is Cohort's, there is no control group, so
+    // even a failing upstream does not open the breaker, and no outcome is recorded.
+    let (routed, direct) = (Upstream::start("routed"), Upstream::start("direct"));
+    let envoy = split_stack(
+        &routed,
+        &direct,
+        r#"{"breaker":{"window_s":1,"min_requests":5}}"#,
     );
-    let envoy = Envoy::start(&config, admin, listen);
-    let body = chat("where is my refund");
-    let mut connection = Connection::new(listen);
-    let response = connection.post_json(CHAT, &[], &body).unwrap();
-    assert_eq!(verdict(response.header("x-cohort")), "route_disabled");
-    let got = upstream.received().pop().unwrap();
-    assert_eq!(got.body, body);
-    assert!(got.headers.iter().all(|(n, _)| !n.starts_with("x-cohort")));
-    assert_eq!(
-        envoy.stat("wasmcustom.cohort_bypass_route_disabled_total"),
-        1
-    );
-    // With the breaker off, no outcome is recorded.
+    routed.set_status(503);
+    let mut connection = Connection::new(envoy.listen_port);
+    for _ in 0..100 {
+        let r = connection
+            .post_json(CHAT, &[], &chat("where is my refund"))
+            .unwrap();
+        assert_eq!(verdict(r.header("x-cohort")), "routed");
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    let r = connection
+        .post_json(CHAT, &[], &chat("where is my refund"))
+        .unwrap();
+    assert_eq!(verdict(r.header("x-cohort")), "routed", "still closed");
     assert_eq!(envoy.stat("wasmcustom.cohort_responses_routed_total"), 0);
+    assert_eq!(envoy.stat("wasmcustom.cohort_breaker_trips_total"), 0);
 }

@@ -101,14 +101,14 @@ impl Brain {
             &pivot,
         );
         let costs: Vec<(Vec<String>, f64)> = lock(&self.costs)
-            .iter()
-            .map(|((tenant, route), c)| {
+            .values()
+            .map(|c| {
                 let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
                 let cost = self.cost_model.effective(
                     ratio(c.cached_tokens, c.prompt_tokens),
                     ratio(c.hits, c.requests),
                 );
-                (vec![tenant.clone(), route.clone()], cost)
+                (vec![c.tenant.clone(), c.route.clone()], cost)
             })
             .collect();
         scrape.gauge_by(

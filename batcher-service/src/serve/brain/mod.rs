@@ -69,8 +69,10 @@ fn length_band(tokens: u64) -> usize {
 const COST_CAP: usize = 1024;
 
 /// One (tenant, route)'s Assign decisions, for `cohort_effective_cost`.
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone)]
 struct CostCounts {
+    tenant: String,
+    route: String,
     prompt_tokens: u64,
     cached_tokens: u64,
     requests: u64,
@@ -115,7 +117,7 @@ pub struct Brain {
     /// The GPU store's devices' utilisation; `None` on the CPU store (the gauge is absent).
     gpu_utilization: Option<GpuUtilization>,
     /// Per (tenant, route): what the effective-cost model reads.
-    costs: Mutex<std::collections::HashMap<(String, String), CostCounts>>,
+    costs: Mutex<std::collections::HashMap<u64, CostCounts>>,
     cost_model: cohort_batcher_core::score::cost::CostModel,
 }
 
@@ -265,14 +267,23 @@ impl Brain {
         Ok(reply)
     }
 
-    /// Adds one Assign decision to its (tenant, route)'s effective-cost counts.
+    /// Adds one Assign decision to its (tenant, route)'s effective-cost counts (keyed by a
+    /// hash of the pair, so the common case allocates nothing).
     fn count_cost(&self, tenant: &str, route: &str, record: &AuditRecord) {
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        hasher.update(tenant.as_bytes());
+        hasher.update(&[0]);
+        hasher.update(route.as_bytes());
+        let key = hasher.digest();
         let mut costs = lock(&self.costs);
         let len = costs.len();
-        let key = (tenant.to_owned(), route.to_owned());
         let counts = match costs.get_mut(&key) {
             Some(counts) => counts,
-            None if len < COST_CAP => costs.entry(key).or_default(),
+            None if len < COST_CAP => costs.entry(key).or_insert_with(|| CostCounts {
+                tenant: tenant.to_owned(),
+                route: route.to_owned(),
+                ..CostCounts::default()
+            }),
             None => return,
         };
         counts.prompt_tokens += record.prompt_tokens_est;
@@ -644,6 +655,35 @@ mod tests {
             // Another tenant has its own line.
             assign(&brain, vec![42], sketch(1), "b");
             assert!(page(&brain, 1_000).contains("cohort_effective_cost{tenant=\"b\",route=\"\"}"));
+        }
+    }
+
+    #[test]
+    fn audit_max_records_bounds_the_audit_and_zero_turns_it_off() {
+        for (records, kept) in [(65_536, true), (0, false)] {
+            let config = ServeConfig {
+                replicas: (0..2).map(|i| Replica::named(&format!("r{i}"))).collect(),
+                audit_max_records: records,
+                ..ServeConfig::default()
+            };
+            let brain = Brain::new(&config, Clock::start());
+            let request = pb::AssignRequest {
+                request: Some(pb::RequestInfo {
+                    fingerprint: Some(fingerprint(vec![5], sketch(1))),
+                    tenant: "a".into(),
+                    request_id: "req-1".into(),
+                    mode: "assign".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let reply = brain.assign(&request, 1_000).unwrap();
+            let record = brain.audit().get("a", "req-1");
+            assert_eq!(record.is_some(), kept, "audit_max_records {records}");
+            if let Some(record) = record {
+                assert_eq!(record.replica, reply.shard);
+                assert_eq!(record.prompt_tokens_est, 1024);
+            }
         }
     }
 
