@@ -139,6 +139,13 @@ impl CohortHttp {
         }
     }
 
+    /// [`Self::bypass`] of a request whose headers were read (it has a plan): the reason
+    /// also goes to the batcher's audit.
+    fn bypass_planned(&mut self, plan: &RequestPlan, reason: &'static str) {
+        self.audit_bypass(plan, reason);
+        self.bypass(reason);
+    }
+
     fn bypass(&mut self, reason: &'static str) {
         if let Ok(config) = &self.shared.config {
             self.set_http_request_header(&config.headers.bypass, Some(reason));
@@ -151,8 +158,10 @@ impl CohortHttp {
     }
 
     /// Leaves the request exactly as it came (nothing written upstream) for `reason`: the
-    /// hold-out or a disabled route. Counted, and named in the response header.
-    fn untouched(&mut self, reason: &'static str) {
+    /// hold-out or a disabled route. Counted, named in the response header and in the
+    /// batcher's audit.
+    fn untouched(&mut self, plan: &RequestPlan, reason: &'static str) {
+        self.audit_bypass(plan, reason);
         if let Some(stats) = &self.shared.stats {
             stats.count_bypass(reason);
         }
@@ -223,8 +232,7 @@ impl CohortHttp {
             return Action::Continue;
         };
         let Some(body) = self.get_http_request_body(0, self.buffered) else {
-            self.audit_bypass(&plan, reason::NO_BODY);
-            self.bypass(reason::NO_BODY);
+            self.bypass_planned(&plan, reason::NO_BODY);
             return Action::Continue;
         };
         let mut sketch_us = 0;
@@ -239,8 +247,7 @@ impl CohortHttp {
         let routing = match routed {
             Ok(routing) => routing,
             Err(reason) => {
-                self.audit_bypass(&plan, reason);
-                self.bypass(reason);
+                self.bypass_planned(&plan, reason);
                 return Action::Continue;
             }
         };
@@ -509,19 +516,16 @@ impl HttpContext for CohortHttp {
                 match decision::admit(config, &plan, &headers, route.as_deref(), breaker_state) {
                     Admission::Treat => {}
                     Admission::Untouched(reason) => {
-                        self.audit_bypass(&plan, reason);
-                        self.untouched(reason);
+                        self.untouched(&plan, reason);
                         return Action::Continue;
                     }
                     Admission::Bypass(reason) => {
-                        self.audit_bypass(&plan, reason);
-                        self.bypass(reason);
+                        self.bypass_planned(&plan, reason);
                         return Action::Continue;
                     }
                 }
                 if end_of_stream {
-                    self.audit_bypass(&plan, reason::NO_BODY);
-                    self.bypass(reason::NO_BODY);
+                    self.bypass_planned(&plan, reason::NO_BODY);
                     return Action::Continue;
                 }
                 if let Some(stats) = &shared.stats {
@@ -545,10 +549,9 @@ impl HttpContext for CohortHttp {
             .map_or(0, |c| c.body_limit_bytes);
         if body_size > limit {
             // Stop buffering before Envoy's own buffer limit could answer 413.
-            if let State::Buffering(plan) = &self.state {
-                self.audit_bypass(plan, reason::BODY_TOO_LARGE);
+            if let State::Buffering(plan) = std::mem::replace(&mut self.state, State::Untouched) {
+                self.bypass_planned(&plan, reason::BODY_TOO_LARGE);
             }
-            self.bypass(reason::BODY_TOO_LARGE);
             return Action::Continue;
         }
         if !end_of_stream {
