@@ -78,7 +78,10 @@ class RunnerSmoke(unittest.TestCase):
         at_home = sum(c.most_common(1)[0][1] for c in by_group.values())
         total = sum(sum(c.values()) for c in by_group.values())
         print(f"affinity: {at_home} of {total} requests on their group's home replica: {dict(by_group)}")
-        self.assertGreaterEqual(at_home, 0.75 * total, dict(by_group))
+        # The ring comes from the replicas' per-run free ports, so which hot groups share a
+        # home (and spill) varies: 23-30 of 31 at home in five runs on 2026-12-05. Round-robin
+        # puts about 2 of 5 of a group on its most common replica.
+        self.assertGreaterEqual(at_home, 2 / 3 * total, dict(by_group))
         self.assertTrue(all(len(c) <= 2 for c in by_group.values()), dict(by_group))
         report.write(list(runs.values()), self.out)
         for name in ("results.json", "table.md"):
