@@ -182,6 +182,19 @@ fn replicas_receive_what_the_batcher_decided_and_every_observation_arrives() {
         received.values().filter(|&&c| c > 0).count() >= 2,
         "{received:?}"
     );
+    // Decisions read the stores: every Assign (each of these requests has intent text, so
+    // a sketch) searched the cohort centroids, and once cohorts had members, the nearest
+    // past fingerprints were re-ranked on the fingerprint store.
+    let assigns = batcher.metric("cohort_assign_total");
+    let cohort_queries = batcher.metric("cohort_store_queries_total{query=\"cohorts\"}");
+    let neighbour_queries = batcher.metric("cohort_store_queries_total{query=\"neighbours\"}");
+    eprintln!(
+        "store queries per Assign: cohorts {:.2}, neighbours {:.2}",
+        cohort_queries / assigns,
+        neighbour_queries / assigns
+    );
+    assert_eq!(cohort_queries, assigns);
+    assert!(neighbour_queries > 0.0, "no neighbour search reached the store");
     assert!(eventually(Duration::from_secs(5), || {
         stack.envoy.stat("wasmcustom.cohort_assign_ok_total") == n as u64
     }));

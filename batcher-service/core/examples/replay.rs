@@ -12,6 +12,7 @@
 //! the fleet's service rate μ, utilisation 0.7 at the pooled bound's work), with the mean
 //! and p99 queueing delay (see `cohort_batcher_core::replay::sim`).
 
+use cohort_batcher_core::policy::ChoiceReason;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -43,7 +44,13 @@ fn table(c: &Comparison, first_col: &str) {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for r in &c.runs {
         let reasons = if r.reasons.iter().sum::<u64>() > 0 {
-            format!("{} / {} / {}", r.reasons[0], r.reasons[2], r.reasons[3])
+            let n = |reason: ChoiceReason| r.reasons[reason as usize];
+            format!(
+                "{} / {} / {}",
+                n(ChoiceReason::Prefix),
+                n(ChoiceReason::LoadSpill),
+                n(ChoiceReason::LeastLoaded)
+            )
         } else {
             "".into()
         };

@@ -116,6 +116,21 @@ fn sanitise(threshold: f32) -> f32 {
     }
 }
 
+/// The membership the ranked cohorts (best first, exact cosine) give at `threshold`: the
+/// best if within it, with a conflict when the runner-up is too and close.
+fn membership_of(ranked: &[(u32, f32)], threshold: f32) -> Option<Membership> {
+    let (cohort, similarity) = ranked.first().copied().filter(|&(_, s)| s >= threshold)?;
+    let conflict = ranked
+        .get(1)
+        .is_some_and(|&(_, s)| s >= threshold && similarity - s <= CONFLICT_MARGIN);
+    Some(Membership {
+        cohort,
+        similarity,
+        new: false,
+        conflict,
+    })
+}
+
 impl<S: Store> Cohorts<S> {
     /// Cohorts in `store`, expiring after `idle_ttl_s` seconds without a member.
     pub fn new(store: S, idle_ttl_s: u32) -> Cohorts<S> {
@@ -182,12 +197,6 @@ impl<S: Store> Cohorts<S> {
         ranked
     }
 
-    /// Best and runner-up cohorts of `tenant` by exact cosine to the unit vector `u`.
-    fn nearest(&self, tenant: u32, u: &[f32; DIMS], now_s: u32) -> [Option<(u32, f32)>; 2] {
-        let ranked = self.ranked(tenant, u, now_s);
-        [ranked.first().copied(), ranked.get(1).copied()]
-    }
-
     /// The live cohorts of `tenant` nearest to `sketch` (id, cosine), best first, at most
     /// `k` (≤ [`CANDIDATES`]): what the inspector's playground shows.
     pub fn nearest_cohorts(
@@ -224,16 +233,7 @@ impl<S: Store> Cohorts<S> {
         threshold: f32,
         now_s: u32,
     ) -> Option<Membership> {
-        let [best, runner] = self.nearest(tenant, u, now_s);
-        let (cohort, similarity) = best.filter(|&(_, s)| s >= threshold)?;
-        let conflict =
-            runner.is_some_and(|(_, s)| s >= threshold && similarity - s <= CONFLICT_MARGIN);
-        Some(Membership {
-            cohort,
-            similarity,
-            new: false,
-            conflict,
-        })
+        membership_of(&self.ranked(tenant, u, now_s), threshold)
     }
 
     /// Where `sketch` would go, without changing anything: None for a zero sketch or when
@@ -245,8 +245,30 @@ impl<S: Store> Cohorts<S> {
         threshold: f32,
         now_s: u32,
     ) -> Option<Membership> {
-        let u = unit(sketch)?;
-        self.judge(tenant, &u, sanitise(threshold), now_s)
+        self.locate(tenant, sketch, threshold, now_s).0
+    }
+
+    /// What [`Cohorts::assign`] answers, and the live cohorts of `tenant` nearest to
+    /// `sketch`, best first, above the threshold or not (at most [`CANDIDATES`]): the lists
+    /// a neighbour search probes ([`crate::neighbours`]). One store query for both.
+    pub fn locate(
+        &self,
+        tenant: u32,
+        sketch: &SketchBytes,
+        threshold: f32,
+        now_s: u32,
+    ) -> (Option<Membership>, Vec<u32>) {
+        let Some(u) = unit(sketch) else {
+            return (None, Vec::new());
+        };
+        let ranked = self.ranked(tenant, &u, now_s);
+        let membership = membership_of(&ranked, sanitise(threshold));
+        (membership, ranked.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// Whether `cohort` is a live cohort (not yet expired).
+    pub fn contains(&self, cohort: u32) -> bool {
+        self.states.contains_key(&cohort)
     }
 
     /// Place `sketch`: join the nearest cohort within the threshold (updating its centroid)

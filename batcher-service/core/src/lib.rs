@@ -2,6 +2,7 @@
 //!
 //! - [`store`]: the fingerprint store (`Store` trait; sharded CPU store with TTL and LRU).
 //! - [`cohorts`]: online clustering of sketches into cohorts.
+//! - [`neighbours`]: each cohort's recent members, so a decision finds where similar requests went.
 //! - [`policy`]: prefix-aware, load-bounded choice of an engine replica.
 //! - [`batch`]: co-batching (which requests share a dispatch, and when each goes).
 //! - [`engines`]: engine adapters (llama.cpp, vLLM, SGLang, TGI, OpenAI, Anthropic).
@@ -15,6 +16,7 @@
 pub mod batch;
 pub mod cohorts;
 pub mod engines;
+pub mod neighbours;
 pub mod policy;
 pub mod predict;
 pub mod replay;

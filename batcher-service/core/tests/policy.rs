@@ -6,6 +6,7 @@ fn req(blocks: &[u64], cost: u32, now_ms: u64) -> RouteRequest<'_> {
     RouteRequest {
         blocks,
         cohort: None,
+        similar: None,
         cost,
         now_ms,
         track: false,
@@ -118,6 +119,7 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
     let first = p.choose(&RouteRequest {
         blocks: &[100, 101],
         cohort: Some(7),
+        similar: None,
         cost: 100,
         now_ms: 0,
         track: false,
@@ -127,6 +129,7 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
         let c = p.choose(&RouteRequest {
             blocks: &[*b, b + 1],
             cohort: Some(7),
+            similar: None,
             cost: 100,
             now_ms: 1 + i as u64,
             track: false,
@@ -140,6 +143,7 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
         let c = p.choose(&RouteRequest {
             blocks: &[900, 901, 902, 903],
             cohort: Some(7),
+            similar: None,
             cost: 100,
             now_ms: 11,
             track: false,

@@ -7,6 +7,7 @@ fn req(blocks: &[u64], cost: u32, now_ms: u64) -> RouteRequest<'_> {
     RouteRequest {
         blocks,
         cohort: None,
+        similar: None,
         cost,
         now_ms,
         track: true,
@@ -192,6 +193,7 @@ fn a_new_conversation_of_an_owned_cohort_goes_by_wait_not_to_its_owner() {
         p.choose(&RouteRequest {
             blocks,
             cohort: Some(7),
+            similar: None,
             cost: 1000,
             now_ms,
             track: true,

@@ -48,6 +48,7 @@
 //!
 //! [store]
 //! max_entries = 1000000
+//! neighbours_per_cohort = 16      # recent fingerprints per cohort the Assign re-ranks (0: off)
 //! backend = "cpu"                 # cpu | gpu (falls back to cpu, with one warning, when
 //!                                 # built without the `cuda` feature or no GPU is usable)
 //! ```

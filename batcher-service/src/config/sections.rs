@@ -213,6 +213,9 @@ pub struct StoreSection {
     pub shards: usize,
     /// Cohorts idle this long expire.
     pub cohort_idle_s: u32,
+    /// Recent fingerprints kept per cohort for the neighbour search (where similar requests
+    /// went); 0 turns the search off (see `cohort_batcher_core::neighbours`).
+    pub neighbours_per_cohort: usize,
     /// Where the fingerprints live: `cpu` or `gpu` (see docs/GPU-STORE.md).
     pub backend: StoreKind,
 }
@@ -223,6 +226,7 @@ impl Default for StoreSection {
             max_entries: 1_000_000,
             shards: 16,
             cohort_idle_s: 900,
+            neighbours_per_cohort: cohort_batcher_core::neighbours::DEFAULT_PER_COHORT,
             backend: StoreKind::Cpu,
         }
     }

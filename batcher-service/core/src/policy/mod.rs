@@ -248,6 +248,10 @@ pub struct RouteRequest<'a> {
     pub blocks: &'a [u64],
     /// Intent cohort, when the clustering assigned one.
     pub cohort: Option<u32>,
+    /// The replica the most similar past requests went to ([`crate::neighbours::vote`]),
+    /// when any is similar enough: it stands in for the cohort's owner while the cohort has
+    /// none (a new cohort, one whose owner was forgotten, or no cohort).
+    pub similar: Option<usize>,
     /// Prompt size (tokens or bytes; the same unit as `per_request_work`).
     pub cost: u32,
     /// Injected time.
@@ -264,6 +268,9 @@ pub enum ChoiceReason {
     Prefix,
     /// No replica holds a longer prefix; it owns the request's cohort.
     Cohort,
+    /// No replica holds a longer prefix and the cohort has no owner; the most similar past
+    /// requests went there.
+    Similar,
     /// The prefix holder or cohort owner was over the balance bound; moved here.
     LoadSpill,
     /// Nothing distinguishes the replicas but load.
@@ -271,11 +278,21 @@ pub enum ChoiceReason {
 }
 
 impl ChoiceReason {
+    /// Every reason, in declaration order (the index of a reason's counter).
+    pub const ALL: [ChoiceReason; 5] = [
+        Self::Prefix,
+        Self::Cohort,
+        Self::Similar,
+        Self::LoadSpill,
+        Self::LeastLoaded,
+    ];
+
     /// Lower-case name for metrics labels.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Prefix => "prefix",
             Self::Cohort => "cohort",
+            Self::Similar => "similar",
             Self::LoadSpill => "load_spill",
             Self::LeastLoaded => "least_loaded",
         }
@@ -320,8 +337,8 @@ pub struct ReplicaSnapshot {
 pub struct PolicySnapshot {
     /// Per replica.
     pub replicas: Vec<ReplicaSnapshot>,
-    /// Decisions so far by reason: prefix, cohort, load_spill, least_loaded.
-    pub reasons: [u64; 4],
+    /// Decisions so far by reason, in the order of [`ChoiceReason::ALL`].
+    pub reasons: [u64; ChoiceReason::ALL.len()],
     /// Cohorts with a remembered owner.
     pub cohorts: usize,
     /// Whether decisions use the live load (progress reports are arriving).
@@ -346,7 +363,7 @@ pub struct Policy {
     assigned: Vec<u64>,
     owners: LruCache<u32, Owners>,
     decisions: u64,
-    reasons: [u64; 4],
+    reasons: [u64; ChoiceReason::ALL.len()],
     mean_work: f64,
     in_flight: InFlight,
     available: Vec<bool>,
@@ -405,7 +422,7 @@ impl Policy {
             assigned: vec![0; n],
             owners: LruCache::new(cohorts),
             decisions: 0,
-            reasons: [0; 4],
+            reasons: [0; ChoiceReason::ALL.len()],
             mean_work: config.per_request_work.max(1.0),
             in_flight: InFlight::new(n, config.ticket_ttl_ms, config.max_tickets),
             available: vec![true; n],
@@ -531,7 +548,15 @@ impl Policy {
         };
         let usable = |r: usize| self.available[r] || !any_available;
 
-        let owners = req.cohort.and_then(|c| self.owners.get(&c).copied());
+        let known = req.cohort.and_then(|c| self.owners.get(&c).copied());
+        let similar = req
+            .similar
+            .filter(|&r| known.is_none() && r < n)
+            .map(|primary| Owners {
+                primary,
+                secondary: None,
+            });
+        let owners = known.or(similar);
         let rank = |r: usize| -> u8 {
             match owners {
                 Some(o) if o.primary == r => 2,
@@ -593,6 +618,8 @@ impl Policy {
         let floor = self.matched.iter().copied().min().unwrap_or(0);
         let reason = if m == best_m && best_m > floor {
             ChoiceReason::Prefix
+        } else if rank(replica) > 0 && similar.is_some() {
+            ChoiceReason::Similar
         } else if rank(replica) > 0 {
             ChoiceReason::Cohort
         } else if best_m > m

@@ -45,7 +45,7 @@ use cohort_fingerprint::shard::jump_hash;
 use lru::LruCache;
 
 use super::trace::{TraceRequest, MOONCAKE_BLOCK_TOKENS};
-use crate::policy::{mix64, shard_key, Policy, PolicyConfig, RouteRequest};
+use crate::policy::{mix64, shard_key, ChoiceReason, Policy, PolicyConfig, RouteRequest};
 
 /// Whether the Cohort policy contenders use the draining-outstanding-work load model by
 /// default ([`SimConfig::policy_drain`]).
@@ -215,9 +215,9 @@ pub struct RunResult {
     pub p99_delay_s: f64,
     /// Work per replica over the whole trace.
     pub work_per_replica: Vec<u64>,
-    /// Cohort policy decisions by reason (prefix, cohort, load_spill, least_loaded),
-    /// summed over shards; zero for the baselines.
-    pub reasons: [u64; 4],
+    /// Cohort policy decisions by reason (in the order of `ChoiceReason::ALL`), summed
+    /// over shards; zero for the baselines.
+    pub reasons: [u64; ChoiceReason::ALL.len()],
 }
 
 enum Router {
@@ -308,6 +308,7 @@ impl Router {
                         p.choose(&RouteRequest {
                             blocks,
                             cohort: None,
+                            similar: None,
                             cost: req.input_length,
                             now_ms: req.timestamp_ms,
                             track: false,
@@ -328,8 +329,8 @@ impl Router {
         }
     }
 
-    fn reasons(&self) -> [u64; 4] {
-        let mut out = [0; 4];
+    fn reasons(&self) -> [u64; ChoiceReason::ALL.len()] {
+        let mut out = [0; ChoiceReason::ALL.len()];
         if let Self::Policies { policies, .. } = self {
             for p in policies {
                 let s = p.snapshot(0);

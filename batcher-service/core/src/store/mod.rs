@@ -86,9 +86,77 @@ pub trait Store: Send + Sync {
         k: usize,
         now_s: u32,
     ) -> Vec<Vec<Hit>>;
+    /// Up to k live entries of `tenant` among `keys` (candidates chosen elsewhere, e.g. the
+    /// recent members of the nearest cohorts: [`crate::neighbours`]), with their sketches,
+    /// highest dot product first, ties by smaller key; keys not held, expired or of another
+    /// tenant are skipped. Reading counts as a use, as [`Store::get`] does.
+    fn top_k_among(
+        &self,
+        tenant: u32,
+        query: &SketchBytes,
+        keys: &[u64],
+        k: usize,
+        now_s: u32,
+    ) -> Vec<(Hit, SketchBytes)> {
+        let mut keys = keys.to_vec();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut hits: Vec<(Hit, SketchBytes)> = keys
+            .into_iter()
+            .filter_map(|key| {
+                let (sketch, meta) = self.get(key, now_s)?;
+                let score = dot(query, &sketch);
+                (meta.tenant == tenant).then_some((Hit { key, score, meta }, sketch))
+            })
+            .collect();
+        hits.sort_by(|a, b| b.0.score.cmp(&a.0.score).then(a.0.key.cmp(&b.0.key)));
+        hits.truncate(k);
+        hits
+    }
     /// Drop expired entries; returns how many.
     fn expire(&self, now_s: u32) -> usize;
     fn stats(&self) -> StoreStats;
+}
+
+/// A boxed store is a store (the batcher holds the one `--store` chose as `Box<dyn Store>`).
+impl<S: Store + ?Sized> Store for Box<S> {
+    fn upsert(&self, key: u64, sketch: &SketchBytes, meta: EntryMeta, now_s: u32) {
+        (**self).upsert(key, sketch, meta, now_s)
+    }
+    fn get(&self, key: u64, now_s: u32) -> Option<(SketchBytes, EntryMeta)> {
+        (**self).get(key, now_s)
+    }
+    fn remove(&self, key: u64) -> bool {
+        (**self).remove(key)
+    }
+    fn top_k(&self, tenant: u32, query: &SketchBytes, k: usize, now_s: u32) -> Vec<Hit> {
+        (**self).top_k(tenant, query, k, now_s)
+    }
+    fn top_k_batch(
+        &self,
+        tenant: u32,
+        queries: &[SketchBytes],
+        k: usize,
+        now_s: u32,
+    ) -> Vec<Vec<Hit>> {
+        (**self).top_k_batch(tenant, queries, k, now_s)
+    }
+    fn top_k_among(
+        &self,
+        tenant: u32,
+        query: &SketchBytes,
+        keys: &[u64],
+        k: usize,
+        now_s: u32,
+    ) -> Vec<(Hit, SketchBytes)> {
+        (**self).top_k_among(tenant, query, keys, k, now_s)
+    }
+    fn expire(&self, now_s: u32) -> usize {
+        (**self).expire(now_s)
+    }
+    fn stats(&self) -> StoreStats {
+        (**self).stats()
+    }
 }
 
 /// Exact int8 dot product.

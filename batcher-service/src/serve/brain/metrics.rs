@@ -2,7 +2,9 @@
 //! fingerprint store, the online cohorts and the policy's per-replica view. Read at
 //! scrape time from the atomics and snapshots that own them.
 
-use super::{lock, Brain};
+use super::lookup::Query;
+use super::{lock, read, Brain};
+use cohort_batcher_core::policy::ChoiceReason;
 use crate::metrics::Scrape;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -12,7 +14,7 @@ impl Brain {
         let c = &self.counters;
         let snapshot = lock(&self.policy).snapshot(now_ms);
         let store = self.store.stats();
-        let cohorts = lock(&self.cohorts).counters();
+        let cohorts = read(&self.cohorts).counters();
         let health = lock(&self.health);
         let per_replica = |f: &dyn Fn(usize) -> f64| -> Vec<(String, f64)> {
             self.replicas
@@ -30,8 +32,9 @@ impl Brain {
             "cohort_assign_reason_total",
             "Assign decisions by why the replica was chosen.",
             "reason",
-            &["prefix", "cohort", "load_spill", "least_loaded"]
+            &ChoiceReason::ALL
                 .iter()
+                .map(|r| r.as_str())
                 .zip(snapshot.reasons)
                 .map(|(r, n)| (r.to_string(), n as f64))
                 .collect::<Vec<_>>(),
@@ -70,6 +73,24 @@ impl Brain {
             "cohort_store_bytes",
             "Memory held by the fingerprint store.",
             store.bytes,
+        );
+        scrape.labelled_counter(
+            "cohort_store_queries_total",
+            "Store queries made by Assign decisions: cohorts (centroid search), neighbours (the nearest past fingerprints).",
+            "query",
+            &Query::ALL
+                .iter()
+                .map(|&q| (q.as_str().to_owned(), self.reads.queries(q) as f64))
+                .collect::<Vec<_>>(),
+        );
+        scrape.labelled_counter(
+            "cohort_store_query_seconds_total",
+            "Time Assign decisions spent in store queries.",
+            "query",
+            &Query::ALL
+                .iter()
+                .map(|&q| (q.as_str().to_owned(), self.reads.seconds(q)))
+                .collect::<Vec<_>>(),
         );
         let bands = |counts: &[AtomicU64]| -> Vec<(String, f64)> {
             super::LENGTH_BANDS

@@ -2,33 +2,44 @@
 //! every connection.
 //!
 //! - **Assign** (read-mostly): the request's cohort from the online clustering (read-only,
-//!   so an Assign and the Observe that follows it do not count twice), then the replica
-//!   from the policy, which records the request's prefix blocks and load on that replica.
+//!   so an Assign and the Observe that follows it do not count twice) and the replica its
+//!   most similar past requests went to, both read from the stores ([`lookup`]); then the
+//!   replica from the policy, which records the request's prefix blocks and load on that
+//!   replica.
 //! - **Observe** (write): the cohort clustering learns the sketch, and the fingerprint
 //!   store keeps the request's fingerprint (key: its last prefix block, which identifies
-//!   the whole prompt) with its cohort, replica and TTL (`cache-ttl`).
+//!   the whole prompt) with its cohort, replica and TTL (`cache-ttl`); the cohort's list of
+//!   recent members gains it.
+//!
+//! Both stores, the cohort centroids and the fingerprints, are of the kind `--store` chose
+//! (`cpu`, or `gpu` with the `cuda` feature): decisions read them through the `Store`
+//! trait, so the two kinds decide alike ([`store_parity`] replays a trace through both).
 //!
 //! Time is passed in (`now_ms` since the batcher started) so tests drive it; tenants are
 //! hashed to 32 bits and every lookup stays within one tenant.
 
 mod live;
+mod lookup;
 mod metrics;
 mod report;
+#[cfg(test)]
+mod store_parity;
 
 use crate::audit::{AuditLog, AuditRecord};
 use crate::clock::Clock;
 use crate::config::ServeConfig;
 use crate::metrics::{decision_seconds, Histogram};
 use cohort_batcher_core::cohorts::Cohorts;
+use cohort_batcher_core::neighbours::Neighbours;
 use cohort_batcher_core::policy::{Policy, PolicyConfig, RouteRequest};
 use cohort_batcher_core::store::cpu::{Capacity, CpuStoreConfig};
-use cohort_batcher_core::store::{CpuStore, EntryMeta, SketchBytes, Store};
+use cohort_batcher_core::store::{EntryMeta, SketchBytes, Store};
 use cohort_fingerprint::knobs::{batch_threshold, cache_ttl_s};
 use cohort_fingerprint::sketch::SKETCH_VERSION;
 use cohort_gpu_store::{open_store, GpuUtilization, StoreKind};
 use cohort_proto as pb;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use thiserror::Error;
 
 /// A request the batcher cannot act on (answered `INVALID_ARGUMENT`).
@@ -99,9 +110,15 @@ pub struct Brain {
     shard_index: u32,
     shard_count: u32,
     policy: Mutex<Policy>,
-    cohorts: Mutex<Cohorts<CpuStore>>,
+    /// The online cohorts over a centroid store of the configured kind. Assigns read it
+    /// together; an Observe writes.
+    cohorts: RwLock<Cohorts<Box<dyn Store>>>,
     /// The fingerprint store: `CpuStore`, or `GpuStore` with `--store gpu` (feature `cuda`).
     store: Box<dyn Store>,
+    /// Each cohort's recent members in `store`: the lists a neighbour search probes.
+    neighbours: Mutex<Neighbours>,
+    /// Store queries made by decisions ([`lookup`]).
+    reads: lookup::StoreReads,
     counters: Counters,
     assign_seconds: Histogram,
     /// Observed requests per (cohort, source), for the inspector's batch pivot. The source
@@ -135,32 +152,69 @@ fn sketch_of(fp: &pb::Fingerprint) -> Option<SketchBytes> {
     (sketch != [0; 32]).then_some(sketch)
 }
 
-/// The store `store.backend` asks for; `gpu` that cannot open falls back to the CPU store
-/// with one warning. With the GPU store, also its devices' utilisation reader (NVML).
-fn open_fingerprint_store(config: &ServeConfig) -> (Box<dyn Store>, Option<GpuUtilization>) {
-    let kind = config.store.backend;
-    let opened = open_store(
-        kind,
-        CpuStoreConfig {
-            capacity: Capacity::Entries(config.store.max_entries),
-            shards: config.store.shards,
-        },
-    );
-    match &opened.fallback {
-        Some(why) => tracing::warn!("store gpu unavailable ({why}): using the CPU store"),
-        None if kind == StoreKind::Gpu => {
-            tracing::info!("fingerprint store on {}", opened.description)
+/// The stores a brain decides with: the fingerprints, and the cohort centroids.
+pub struct Stores {
+    pub fingerprints: Box<dyn Store>,
+    pub centroids: Box<dyn Store>,
+    /// The GPU store's devices' utilisation; `None` on the CPU store (the gauge is absent).
+    pub gpu_utilization: Option<GpuUtilization>,
+}
+
+impl Stores {
+    /// The shapes of the two stores `config` asks for: (fingerprints, centroids).
+    pub fn shapes(config: &ServeConfig) -> (CpuStoreConfig, CpuStoreConfig) {
+        (
+            CpuStoreConfig {
+                capacity: Capacity::Entries(config.store.max_entries),
+                shards: config.store.shards,
+            },
+            CpuStoreConfig {
+                capacity: Capacity::Entries(MAX_COHORTS),
+                shards: 4,
+            },
+        )
+    }
+
+    /// Both stores of the kind `store.backend` asks for; `gpu` that cannot open falls back
+    /// to the CPU store with one warning. With the GPU store, also its devices' utilisation
+    /// reader (NVML).
+    pub fn open(config: &ServeConfig) -> Stores {
+        let kind = config.store.backend;
+        let (fingerprints, centroids) = Stores::shapes(config);
+        let opened = open_store(kind, fingerprints);
+        match &opened.fallback {
+            Some(why) => tracing::warn!("store gpu unavailable ({why}): using the CPU store"),
+            None if kind == StoreKind::Gpu => {
+                tracing::info!("fingerprint store on {}", opened.description)
+            }
+            None => {}
         }
-        None => {}
+        if let Some(why) = &opened.utilization_unavailable {
+            tracing::warn!("no cohort_gpu_utilization: {why}");
+        }
+        // The centroids go where the fingerprints went (a fallback already warned).
+        let centroid_kind = if opened.fallback.is_some() {
+            StoreKind::Cpu
+        } else {
+            kind
+        };
+        Stores {
+            fingerprints: opened.store,
+            centroids: open_store(centroid_kind, centroids).store,
+            gpu_utilization: opened.utilization,
+        }
     }
-    if let Some(why) = &opened.utilization_unavailable {
-        tracing::warn!("no cohort_gpu_utilization: {why}");
-    }
-    (opened.store, opened.utilization)
 }
 
 impl Brain {
+    /// A brain over the stores `config` asks for.
     pub fn new(config: &ServeConfig, clock: Clock) -> Brain {
+        Brain::with_stores(config, clock, Stores::open(config))
+    }
+
+    /// A brain over the given stores (tests compare the CPU store with the GPU store's
+    /// emulation this way).
+    pub fn with_stores(config: &ServeConfig, clock: Clock, stores: Stores) -> Brain {
         let shards = config.shard_count.max(1) as usize;
         // Each of S shards sees 1/S of the decisions: it gets 1/S of each replica's cache
         // and a load window S times as long (what the shard replay measures).
@@ -175,20 +229,18 @@ impl Brain {
                 (config.policy.kv_blocks_per_replica / shards).max(1),
             )
         };
-        let (store, gpu_utilization) = open_fingerprint_store(config);
         Brain {
             replicas: config.replicas.iter().map(|r| r.name.clone()).collect(),
             shard_index: config.shard_index,
             shard_count: config.shard_count,
             policy: Mutex::new(Policy::new(policy)),
-            cohorts: Mutex::new(Cohorts::new(
-                CpuStore::new(CpuStoreConfig {
-                    capacity: Capacity::Entries(MAX_COHORTS),
-                    shards: 4,
-                }),
-                config.store.cohort_idle_s,
+            cohorts: RwLock::new(Cohorts::new(stores.centroids, config.store.cohort_idle_s)),
+            store: stores.fingerprints,
+            neighbours: Mutex::new(Neighbours::new(
+                config.store.neighbours_per_cohort,
+                MAX_COHORTS,
             )),
-            store,
+            reads: lookup::StoreReads::default(),
             counters: Counters::default(),
             assign_seconds: decision_seconds(),
             pivot: Mutex::new(std::collections::HashMap::new()),
@@ -196,7 +248,7 @@ impl Brain {
             progress_counters: live::ProgressCounters::default(),
             clock,
             audit: Arc::new(AuditLog::new(config.audit_max_records)),
-            gpu_utilization,
+            gpu_utilization: stores.gpu_utilization,
             costs: Mutex::new(std::collections::HashMap::new()),
             cost_model: config.cost,
         }
@@ -219,17 +271,17 @@ impl Brain {
             .as_ref()
             .ok_or(BrainError::NoFingerprint)?;
         let knobs = request.knobs.unwrap_or_default();
-        let cohort = sketch_of(fp).and_then(|sketch| {
-            let threshold = batch_threshold(knobs.batch_threshold);
-            lock(&self.cohorts)
-                .assign(
-                    tenant_hash(&request.tenant),
+        let found = sketch_of(fp)
+            .map(|sketch| {
+                self.lookup(
+                    lookup::space(&request.tenant, fp.semantic_mode),
                     &sketch,
-                    threshold,
-                    secs(now_ms),
+                    batch_threshold(knobs.batch_threshold),
+                    now_ms,
                 )
-                .map(|m| m.cohort)
-        });
+            })
+            .unwrap_or_default();
+        let cohort = found.cohort;
         let (choice, rate) = {
             // Lock order: health, then policy (nothing takes them the other way round).
             let health = lock(&self.health);
@@ -239,6 +291,7 @@ impl Brain {
             let choice = policy.choose(&RouteRequest {
                 blocks: &fp.blocks,
                 cohort,
+                similar: found.similar,
                 cost: fp.prompt_bytes / BYTES_PER_TOKEN,
                 now_ms,
                 track: assign.reports_progress,
@@ -336,9 +389,9 @@ impl Brain {
             return;
         };
         let knobs = request.knobs.unwrap_or_default();
-        let tenant = tenant_hash(&request.tenant);
+        let tenant = lookup::space(&request.tenant, fp.semantic_mode);
         let now_s = secs(now_ms);
-        let membership = lock(&self.cohorts).observe(
+        let membership = write(&self.cohorts).observe(
             tenant,
             &sketch,
             batch_threshold(knobs.batch_threshold),
@@ -363,6 +416,7 @@ impl Brain {
             },
             now_s,
         );
+        self.remember(membership.cohort, key);
     }
 
     fn count_pivot(&self, cohort: u32, source: &str) {
@@ -381,7 +435,8 @@ impl Brain {
     pub fn expire(&self, now_ms: u64) {
         let now_s = secs(now_ms);
         self.store.expire(now_s);
-        lock(&self.cohorts).expire(now_s);
+        write(&self.cohorts).expire(now_s);
+        self.forget_expired_cohorts();
         lock(&self.policy).expire(now_ms);
     }
 }
@@ -416,6 +471,16 @@ fn audit_record(
 
 fn secs(now_ms: u64) -> u32 {
     u32::try_from(now_ms / 1000).unwrap_or(u32::MAX)
+}
+
+/// Read access to an `RwLock`, poisoned or not (see [`lock`]).
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Write access to an `RwLock`, poisoned or not (see [`lock`]).
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A poisoned lock only means another handler panicked mid-update; the state is still
@@ -509,6 +574,46 @@ mod tests {
         observe(&brain, vec![7], sketch(1), "a", "r0");
         observe(&brain, vec![8], sketch(2), "a", "r0");
         assert_eq!(brain.status(1_000).store_entries, 2);
+    }
+
+    #[test]
+    fn a_new_cohort_follows_its_nearest_past_requests_unless_neighbours_are_off() {
+        for (per_cohort, similar) in [(16, true), (0, false)] {
+            let mut config = ServeConfig {
+                replicas: (0..4).map(|i| Replica::named(&format!("r{i}"))).collect(),
+                ..ServeConfig::default()
+            };
+            config.store.neighbours_per_cohort = per_cohort;
+            let brain = Arc::new(Brain::new(&config, Clock::start()));
+            // Three requests of one intent were observed on r2 (another batcher shard, or
+            // a mode without Assign, chose it): their cohort has no owner in the policy.
+            for key in 10..13 {
+                observe(&brain, vec![key], sketch(1), "a", "r2");
+            }
+            // A new prompt of the same intent, no prefix anywhere: it goes where they went.
+            let reply = assign(&brain, vec![99], sketch(1), "a");
+            assert_eq!(reply.cluster.len(), 8, "joined their cohort");
+            if similar {
+                assert_eq!(
+                    (reply.shard.as_str(), reply.reason.as_str()),
+                    ("r2", "similar")
+                );
+            } else {
+                assert_ne!(reply.reason, "similar");
+            }
+            let metrics = page(&brain, 1_000);
+            let neighbour_queries = if similar { 1 } else { 0 };
+            assert!(
+                metrics.contains(&format!(
+                    "cohort_store_queries_total{{query=\"neighbours\"}} {neighbour_queries}.0\n"
+                )),
+                "{metrics}"
+            );
+            assert!(metrics.contains("cohort_store_queries_total{query=\"cohorts\"} 1.0\n"));
+            // Another tenant's identical request finds no neighbours of its own.
+            let other = assign(&brain, vec![98], sketch(1), "b");
+            assert_ne!(other.reason, "similar");
+        }
     }
 
     #[test]

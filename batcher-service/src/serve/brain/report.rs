@@ -2,7 +2,7 @@
 //! the `Status` RPC. Nothing here shows prompt text: cohorts are ids, sources are the
 //! tenant names the mesh set.
 
-use super::{lock, secs, tenant_hash, Brain, PIVOT_CAP};
+use super::{lock, read, secs, tenant_hash, Brain, PIVOT_CAP};
 use cohort_batcher_core::store::SketchBytes;
 use cohort_proto as pb;
 use std::sync::atomic::Ordering;
@@ -12,7 +12,7 @@ impl Brain {
     /// statistics. Sources are tenant names as the mesh set them; prompts never appear.
     pub fn inspector_state(&self, now_ms: u64) -> serde_json::Value {
         let now_s = secs(now_ms);
-        let cohorts = lock(&self.cohorts);
+        let cohorts = read(&self.cohorts);
         let live = cohorts.live(now_s);
         let counters = cohorts.counters();
         drop(cohorts);
@@ -60,7 +60,7 @@ impl Brain {
         sketch: &SketchBytes,
         now_ms: u64,
     ) -> Vec<(String, f32)> {
-        lock(&self.cohorts)
+        read(&self.cohorts)
             .nearest_cohorts(tenant_hash(tenant), sketch, 5, secs(now_ms))
             .into_iter()
             .map(|(id, cos)| (format!("{id:08x}"), cos))
@@ -72,7 +72,7 @@ impl Brain {
         pb::StatusReply {
             observations: self.counters.observations.load(Ordering::Relaxed),
             assigns: self.counters.assigns.load(Ordering::Relaxed),
-            cohorts: lock(&self.cohorts).counters().live,
+            cohorts: read(&self.cohorts).counters().live,
             store_entries: self.store.stats().entries,
             replicas: self
                 .replicas
