@@ -6,7 +6,8 @@
 //! - `cohort score`: batch-friendliness (0–1) of prompt corpora;
 //! - `cohort lint`: cache-hostile prompt templates, scored 0–1;
 //! - `cohort engine-sim`: an OpenAI-compatible engine simulator (`serve`, `bound`);
-//! - `cohort audit`: one request's cost record from a running batcher.
+//! - `cohort audit`: one request's cost record from a running batcher;
+//! - `cohort bench-decisions`: the decision path's benchmark (Assign in to reply out).
 
 mod audit;
 mod clock;
@@ -44,6 +45,8 @@ enum Command {
     EngineSim(commands::engine_sim::Args),
     /// Print what the layer did with one request and what it cost (from a running batcher).
     Audit(commands::audit::Args),
+    /// Benchmark the decision path (Assign in to reply out) over stores of 10 k to 5 M fingerprints.
+    BenchDecisions(commands::bench_decisions::Args),
 }
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
@@ -55,5 +58,6 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Lint(args) => commands::lint::run(args),
         Command::EngineSim(args) => ok(commands::engine_sim::run(args)),
         Command::Audit(args) => commands::audit::run(args),
+        Command::BenchDecisions(args) => ok(commands::bench_decisions::run(args)),
     }
 }

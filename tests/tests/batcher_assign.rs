@@ -194,7 +194,10 @@ fn replicas_receive_what_the_batcher_decided_and_every_observation_arrives() {
         neighbour_queries / assigns
     );
     assert_eq!(cohort_queries, assigns);
-    assert!(neighbour_queries > 0.0, "no neighbour search reached the store");
+    assert!(
+        neighbour_queries > 0.0,
+        "no neighbour search reached the store"
+    );
     assert!(eventually(Duration::from_secs(5), || {
         stack.envoy.stat("wasmcustom.cohort_assign_ok_total") == n as u64
     }));

@@ -1,6 +1,7 @@
 //! One module per `cohort` subcommand (and `inputs`, what `score` and `lint` share).
 
 pub mod audit;
+pub mod bench_decisions;
 pub mod engine_sim;
 pub mod fingerprint;
 mod inputs;

@@ -49,6 +49,7 @@
 //! [store]
 //! max_entries = 1000000
 //! neighbours_per_cohort = 16      # recent fingerprints per cohort the Assign re-ranks (0: off)
+//! neighbour_search = "recent"     # recent | exact (scan every fingerprint of the tenant)
 //! backend = "cpu"                 # cpu | gpu (falls back to cpu, with one warning, when
 //!                                 # built without the `cuda` feature or no GPU is usable)
 //! ```
@@ -66,7 +67,8 @@ mod validate;
 
 pub use args::ServeArgs;
 pub use sections::{
-    BatchSection, LoraSection, PolicySection, PrefetchSection, Replica, StoreSection,
+    BatchSection, LoraSection, NeighbourSearch, PolicySection, PrefetchSection, Replica,
+    StoreSection,
 };
 pub use validate::ConfigError;
 

@@ -204,6 +204,16 @@ impl Default for PolicySection {
     }
 }
 
+/// How the neighbour search finds a request's nearest past fingerprints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum NeighbourSearch {
+    /// The recent members of the request's nearest cohorts, re-ranked exactly.
+    Recent,
+    /// Every live fingerprint of the tenant (a full top-k scan of the store).
+    Exact,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreSection {
@@ -214,8 +224,13 @@ pub struct StoreSection {
     /// Cohorts idle this long expire.
     pub cohort_idle_s: u32,
     /// Recent fingerprints kept per cohort for the neighbour search (where similar requests
-    /// went); 0 turns the search off (see `cohort_batcher_core::neighbours`).
+    /// went); 0 turns the neighbour search off, in either mode (see
+    /// `cohort_batcher_core::neighbours`).
     pub neighbours_per_cohort: usize,
+    /// How the neighbour search finds the nearest past fingerprints: `recent` re-ranks the
+    /// nearest cohorts' recent members (bounded work, the default), `exact` scans every
+    /// fingerprint of the tenant (on the GPU with `backend = "gpu"`).
+    pub neighbour_search: NeighbourSearch,
     /// Where the fingerprints live: `cpu` or `gpu` (see docs/GPU-STORE.md).
     pub backend: StoreKind,
 }
@@ -227,6 +242,7 @@ impl Default for StoreSection {
             shards: 16,
             cohort_idle_s: 900,
             neighbours_per_cohort: cohort_batcher_core::neighbours::DEFAULT_PER_COHORT,
+            neighbour_search: NeighbourSearch::Recent,
             backend: StoreKind::Cpu,
         }
     }

@@ -13,7 +13,7 @@
 //! the upkeep task stops, and the process exits 0. Closing the listener at once instead
 //! would fail requests a proxy writes onto a pooled connection as it closes.
 
-mod brain;
+pub(crate) mod brain;
 mod grpc;
 mod http;
 mod inspect;

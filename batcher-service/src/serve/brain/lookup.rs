@@ -4,10 +4,14 @@
 //! 1. **cohorts**: the nearest cohort centroids of the request's tenant and semantic mode
 //!    (`Cohorts::locate`, a top-k on the centroid store). It gives the request's cohort and
 //!    the cohorts a neighbour search probes;
-//! 2. **neighbours**: the probed cohorts' recent members ([`Neighbours`]) re-ranked exactly
-//!    on the fingerprint store (`Store::top_k_among`); the replicas that served the most
+//! 2. **neighbours**: the probed cohorts' recent members (`Neighbours`) re-ranked exactly
+//!    on the fingerprint store (`Store::top_k_among`), or with `neighbour_search = "exact"`
+//!    a top-k scan of every fingerprint of the tenant; the replicas that served the most
 //!    similar of them vote for one (`neighbours::vote`), which the policy uses where the
-//!    cohort has no owner yet (reason `similar`).
+//!    cohort has no owner yet (reason `similar`). The recent members are the default:
+//!    their cost does not grow with the store (an exact scan of a million fingerprints
+//!    takes milliseconds on a CPU), and they say where similar requests went lately, which
+//!    is where a cache may still hold their prefix.
 //!
 //! Both stores are of the kind `--store` chose, so with `--store gpu` the centroid search
 //! runs on the device. Each query's count and time are exported
@@ -15,6 +19,7 @@
 //! share of an Assign spent in the stores is a ratio of two rates.
 
 use super::{lock, read, secs, Brain};
+use crate::config::NeighbourSearch;
 use cohort_batcher_core::neighbours;
 use cohort_batcher_core::store::{SketchBytes, Store};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,7 +73,7 @@ impl StoreReads {
 /// The space a sketch is compared in: its tenant and semantic mode (sketches of different
 /// modes are not comparable, so their cohorts and neighbours never mix). The default mode
 /// is the tenant's hash alone.
-pub(super) fn space(tenant: &str, semantic_mode: i32) -> u32 {
+pub(crate) fn space(tenant: &str, semantic_mode: i32) -> u32 {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     hasher.update(tenant.as_bytes());
     if semantic_mode != 0 {
@@ -76,6 +81,13 @@ pub(super) fn space(tenant: &str, semantic_mode: i32) -> u32 {
         hasher.update(&semantic_mode.to_le_bytes());
     }
     hasher.digest() as u32
+}
+
+/// Totals of [`StoreReads`] (the decision-path benchmark reads them).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadTotals {
+    pub queries: u64,
+    pub seconds: f64,
 }
 
 /// What the stores say of one request.
@@ -100,21 +112,52 @@ impl Brain {
         let started = Instant::now();
         let (membership, probes) = read(&self.cohorts).locate(space, sketch, threshold, now_s);
         self.reads.count(Query::Cohorts, started);
-        let keys = lock(&self.neighbours).candidates(&probes);
-        let similar = if keys.is_empty() {
-            None
-        } else {
-            let started = Instant::now();
-            let hits = self
-                .store
-                .top_k_among(space, sketch, &keys, NEIGHBOURS_K, now_s);
-            self.reads.count(Query::Neighbours, started);
-            neighbours::vote(sketch, &hits, threshold, self.replicas.len())
+        let off = lock(&self.neighbours).per_cohort() == 0;
+        let hits = match self.neighbour_search {
+            _ if off => Vec::new(),
+            NeighbourSearch::Recent => {
+                let keys = lock(&self.neighbours).candidates(&probes);
+                if keys.is_empty() {
+                    Vec::new()
+                } else {
+                    let started = Instant::now();
+                    let hits = self
+                        .store
+                        .top_k_among(space, sketch, &keys, NEIGHBOURS_K, now_s);
+                    self.reads.count(Query::Neighbours, started);
+                    hits
+                }
+            }
+            NeighbourSearch::Exact => {
+                let started = Instant::now();
+                let hits = self.store.top_k(space, sketch, NEIGHBOURS_K, now_s);
+                // The vote needs the hits' sketches (their norms): a look-up each.
+                let keys: Vec<u64> = hits.iter().map(|h| h.key).collect();
+                let hits = self
+                    .store
+                    .top_k_among(space, sketch, &keys, NEIGHBOURS_K, now_s);
+                self.reads.count(Query::Neighbours, started);
+                hits
+            }
         };
+        let similar = neighbours::vote(sketch, &hits, threshold, self.replicas.len());
         Lookup {
             cohort: membership.map(|m| m.cohort),
             similar,
         }
+    }
+
+    /// Store queries made by decisions and the seconds spent in them, all kinds together.
+    pub(crate) fn store_reads(&self) -> ReadTotals {
+        ReadTotals {
+            queries: Query::ALL.iter().map(|&q| self.reads.queries(q)).sum(),
+            seconds: Query::ALL.iter().map(|&q| self.reads.seconds(q)).sum(),
+        }
+    }
+
+    /// Memory the fingerprint store holds.
+    pub(crate) fn store_bytes(&self) -> u64 {
+        self.store.stats().bytes
     }
 
     /// Record an observed fingerprint (stored under `key`) as the newest member of its

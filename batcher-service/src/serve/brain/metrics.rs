@@ -4,8 +4,8 @@
 
 use super::lookup::Query;
 use super::{lock, read, Brain};
-use cohort_batcher_core::policy::ChoiceReason;
 use crate::metrics::Scrape;
+use cohort_batcher_core::policy::ChoiceReason;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Brain {

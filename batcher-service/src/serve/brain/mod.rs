@@ -20,6 +20,7 @@
 
 mod live;
 mod lookup;
+pub(crate) use lookup::space;
 mod metrics;
 mod report;
 #[cfg(test)]
@@ -117,6 +118,8 @@ pub struct Brain {
     store: Box<dyn Store>,
     /// Each cohort's recent members in `store`: the lists a neighbour search probes.
     neighbours: Mutex<Neighbours>,
+    /// How the neighbour search finds the nearest past fingerprints.
+    neighbour_search: crate::config::NeighbourSearch,
     /// Store queries made by decisions ([`lookup`]).
     reads: lookup::StoreReads,
     counters: Counters,
@@ -240,6 +243,7 @@ impl Brain {
                 config.store.neighbours_per_cohort,
                 MAX_COHORTS,
             )),
+            neighbour_search: config.store.neighbour_search,
             reads: lookup::StoreReads::default(),
             counters: Counters::default(),
             assign_seconds: decision_seconds(),
@@ -403,20 +407,31 @@ impl Brain {
             .iter()
             .position(|r| *r == observation.shard)
             .map_or(UNKNOWN_REPLICA, |i| i as u16);
-        let ttl = cache_ttl_s(knobs.cache_ttl_s);
         let key = fp.blocks.last().copied().unwrap_or(fp.key);
-        self.store.upsert(
+        self.keep_fingerprint(
             key,
             &sketch,
             EntryMeta {
                 tenant,
                 cohort: membership.cohort,
                 replica,
-                expires_at_s: now_s.saturating_add(ttl),
+                expires_at_s: now_s.saturating_add(cache_ttl_s(knobs.cache_ttl_s)),
             },
             now_s,
         );
-        self.remember(membership.cohort, key);
+    }
+
+    /// Store an observed fingerprint (key: its last prefix block) with its cohort, replica
+    /// and expiry, as its cohort's newest member.
+    pub(crate) fn keep_fingerprint(
+        &self,
+        key: u64,
+        sketch: &SketchBytes,
+        meta: EntryMeta,
+        now_s: u32,
+    ) {
+        self.store.upsert(key, sketch, meta, now_s);
+        self.remember(meta.cohort, key);
     }
 
     fn count_pivot(&self, cohort: u32, source: &str) {
@@ -480,7 +495,8 @@ fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 /// Write access to an `RwLock`, poisoned or not (see [`lock`]).
 fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A poisoned lock only means another handler panicked mid-update; the state is still
@@ -578,12 +594,19 @@ mod tests {
 
     #[test]
     fn a_new_cohort_follows_its_nearest_past_requests_unless_neighbours_are_off() {
-        for (per_cohort, similar) in [(16, true), (0, false)] {
+        use crate::config::NeighbourSearch::{Exact, Recent};
+        for (per_cohort, search, similar) in [
+            (16, Recent, true),
+            (16, Exact, true),
+            (0, Recent, false),
+            (0, Exact, false),
+        ] {
             let mut config = ServeConfig {
                 replicas: (0..4).map(|i| Replica::named(&format!("r{i}"))).collect(),
                 ..ServeConfig::default()
             };
             config.store.neighbours_per_cohort = per_cohort;
+            config.store.neighbour_search = search;
             let brain = Arc::new(Brain::new(&config, Clock::start()));
             // Three requests of one intent were observed on r2 (another batcher shard, or
             // a mode without Assign, chose it): their cohort has no owner in the policy.

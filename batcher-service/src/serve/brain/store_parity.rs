@@ -6,7 +6,7 @@
 
 use super::{Brain, Stores};
 use crate::clock::Clock;
-use crate::config::{Replica, ServeConfig};
+use crate::config::{NeighbourSearch, Replica, ServeConfig};
 use cohort_batcher_core::store::{CpuStore, CpuStoreConfig, Store};
 use cohort_fingerprint::sketch::SKETCH_VERSION;
 use cohort_gpu_store::emu::EmuDevice;
@@ -101,8 +101,13 @@ fn observation(request: pb::RequestInfo, shard: &str) -> pb::ObservationBatch {
     }
 }
 
+/// An Assign reply as compared: replica, cohort, matched blocks, reason.
+type Decision = (String, String, u32, String);
+/// A brain's run over the trace: its decisions, then (live cohorts, stored fingerprints).
+type Run = (Vec<Decision>, (u64, u64));
+
 /// The replies and end state of one brain over the trace.
-fn replay(brain: &Brain) -> (Vec<(String, String, u32, String)>, (u64, u64)) {
+fn replay(brain: &Brain) -> Run {
     let replicas: Vec<String> = (0..4).map(|i| format!("r{i}")).collect();
     let mut replies = Vec::new();
     for (now_ms, step) in trace() {
@@ -118,7 +123,12 @@ fn replay(brain: &Brain) -> (Vec<(String, String, u32, String)>, (u64, u64)) {
                     )
                     .expect("a fingerprint");
                 brain.observe(&observation(request, &reply.shard), now_ms);
-                replies.push((reply.shard, reply.cluster, reply.matched_blocks, reply.reason));
+                replies.push((
+                    reply.shard,
+                    reply.cluster,
+                    reply.matched_blocks,
+                    reply.reason,
+                ));
             }
             Step::Observe(request, replica) => {
                 brain.observe(&observation(request, &replicas[replica]), now_ms)
@@ -142,12 +152,16 @@ fn config() -> ServeConfig {
 }
 
 fn emulated(shape: CpuStoreConfig) -> Box<dyn Store> {
-    Box::new(GpuStore::new(shape, 1, |_, slots| Ok(EmuDevice::new(slots))).expect("emulated device"))
+    Box::new(
+        GpuStore::new(shape, 1, |_, slots| Ok(EmuDevice::new(slots))).expect("emulated device"),
+    )
 }
 
-#[test]
-fn cpu_and_emulated_gpu_stores_make_the_same_decisions_on_a_replayed_trace() {
-    let config = config();
+/// The two brains' replies and end states over the trace, with the neighbour search
+/// `search`.
+fn replay_both(search: NeighbourSearch) -> [Run; 2] {
+    let mut config = config();
+    config.store.neighbour_search = search;
     let (fingerprints, centroids) = Stores::shapes(&config);
     let cpu = Brain::with_stores(
         &config,
@@ -167,29 +181,36 @@ fn cpu_and_emulated_gpu_stores_make_the_same_decisions_on_a_replayed_trace() {
             gpu_utilization: None,
         },
     );
-    let (cpu_replies, cpu_end) = replay(&cpu);
-    let (gpu_replies, gpu_end) = replay(&gpu);
-    assert_eq!(cpu_replies.len(), gpu_replies.len());
-    for (i, (c, g)) in cpu_replies.iter().zip(&gpu_replies).enumerate() {
-        assert_eq!(c, g, "decision {i} differs");
+    [replay(&cpu), replay(&gpu)]
+}
+
+#[test]
+fn cpu_and_emulated_gpu_stores_make_the_same_decisions_on_a_replayed_trace() {
+    // `exact` runs the neighbour search as a full top-k scan: on the GPU store, its kernels.
+    for search in [NeighbourSearch::Recent, NeighbourSearch::Exact] {
+        let [(cpu_replies, cpu_end), (gpu_replies, gpu_end)] = replay_both(search);
+        assert_eq!(cpu_replies.len(), gpu_replies.len());
+        for (i, (c, g)) in cpu_replies.iter().zip(&gpu_replies).enumerate() {
+            assert_eq!(c, g, "{search:?}: decision {i} differs");
+        }
+        assert_eq!(cpu_end, gpu_end);
+        // The trace exercises what it claims: cohorts formed, the store filled past its
+        // capacity, and decisions of every store-fed kind happened.
+        let reasons = |r: &str| cpu_replies.iter().filter(|x| x.3 == r).count();
+        eprintln!(
+            "{search:?}: {} decisions: prefix {}, cohort {}, similar {}, load_spill {}, least_loaded {}; cohorts {}, store entries {}",
+            cpu_replies.len(),
+            reasons("prefix"),
+            reasons("cohort"),
+            reasons("similar"),
+            reasons("load_spill"),
+            reasons("least_loaded"),
+            cpu_end.0,
+            cpu_end.1
+        );
+        assert!(cpu_end.0 >= 5, "cohorts {}", cpu_end.0);
+        assert_eq!(cpu_end.1, 256, "the fingerprint store is full");
+        assert!(reasons("similar") > 0 && reasons("cohort") > 0 && reasons("prefix") > 0);
+        assert!(cpu_replies.iter().filter(|x| !x.1.is_empty()).count() > 300);
     }
-    assert_eq!(cpu_end, gpu_end);
-    // The trace exercises what it claims: cohorts formed, the store filled past its
-    // capacity, and decisions of every store-fed kind happened.
-    let reasons = |r: &str| cpu_replies.iter().filter(|x| x.3 == r).count();
-    eprintln!(
-        "{} decisions: prefix {}, cohort {}, similar {}, load_spill {}, least_loaded {}; cohorts {}, store entries {}",
-        cpu_replies.len(),
-        reasons("prefix"),
-        reasons("cohort"),
-        reasons("similar"),
-        reasons("load_spill"),
-        reasons("least_loaded"),
-        cpu_end.0,
-        cpu_end.1
-    );
-    assert!(cpu_end.0 >= 5, "cohorts {}", cpu_end.0);
-    assert_eq!(cpu_end.1, 256, "the fingerprint store is full");
-    assert!(reasons("similar") > 0 && reasons("cohort") > 0 && reasons("prefix") > 0);
-    assert!(cpu_replies.iter().filter(|x| !x.1.is_empty()).count() > 300);
 }
