@@ -17,7 +17,9 @@
 //! centroid search per fingerprint (5 M Observes would take minutes on a GPU store, each
 //! a kernel launch).
 //!
-//! One core: the load runs on one thread; pin it (`taskset -c 0`) to keep it on one core.
+//! One core: by default the load runs on one thread; pin it (`taskset -c 0`) to keep it on
+//! one core. With `--threads T`, T threads share the rate, and their concurrent store
+//! queries coalesce into batched scans (`queries / scan` in the table).
 
 use crate::clock::Clock;
 use crate::config::{NeighbourSearch, Replica, ServeConfig};
@@ -50,6 +52,10 @@ pub struct Args {
     tenants: usize,
     #[arg(long, default_value_t = 1024)]
     intents: usize,
+    /// Threads sending the load (the rate is shared among them); concurrent calls
+    /// coalesce into batched scans.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
     /// The neighbour search: recent (the nearest cohorts' recent members) or exact (a scan
     /// of every fingerprint of the tenant).
     #[arg(long, value_enum, default_value = "recent")]
@@ -209,6 +215,45 @@ fn fill(brain: &Brain, work: &mut Workload, n: usize, replicas: usize, now_ms: u
     }
 }
 
+/// What one load thread measured.
+struct Timings {
+    latency: Vec<Duration>,
+    service: Vec<Duration>,
+    observe: Vec<Duration>,
+}
+
+/// Send `lane`'s requests at their due times (open loop), each Assign followed by its
+/// Observe.
+fn drive(
+    brain: &Brain,
+    lane: Vec<(usize, pb::AssignRequest)>,
+    start: Instant,
+    period: Duration,
+) -> anyhow::Result<Timings> {
+    let mut t = Timings {
+        latency: Vec::with_capacity(lane.len()),
+        service: Vec::with_capacity(lane.len()),
+        observe: Vec::with_capacity(lane.len()),
+    };
+    for (i, request) in lane {
+        let due = start + period * i as u32;
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        let now_ms = 1_000 + start.elapsed().as_millis() as u64;
+        let began = Instant::now();
+        let reply = brain.assign(&request, now_ms)?;
+        let answered = Instant::now();
+        t.latency.push(answered - due);
+        t.service.push(answered - began);
+        let info = request.request.unwrap_or_default();
+        brain.observe(&observation(info, reply.shard), now_ms);
+        t.observe.push(answered.elapsed());
+    }
+    Ok(t)
+}
+
 /// One row: the brain over `n` fingerprints under `args.rate` Assign/s.
 fn row(args: &Args, kind: StoreKind, n: usize) -> anyhow::Result<String> {
     let mut config = ServeConfig {
@@ -223,7 +268,7 @@ fn row(args: &Args, kind: StoreKind, n: usize) -> anyhow::Result<String> {
     let brain = Brain::new(&config, Clock::start());
     let mut work = Workload::new(args);
     let filled_at = Instant::now();
-    let mut now_ms = 1_000;
+    let now_ms = 1_000;
     fill(&brain, &mut work, n, args.replicas, now_ms);
     let fill_s = filled_at.elapsed().as_secs_f64();
     let held = brain.status(now_ms).store_entries;
@@ -237,35 +282,46 @@ fn row(args: &Args, kind: StoreKind, n: usize) -> anyhow::Result<String> {
         })
         .collect();
     let before = brain.store_reads();
+    let scans_before = brain.store_scans();
+    let period = Duration::from_secs_f64(1.0 / args.rate);
+    let threads = args.threads.max(1);
+    // Request i is due at start + i × period; thread t sends the requests i ≡ t (mod T).
+    let mut lanes: Vec<Vec<(usize, pb::AssignRequest)>> = vec![Vec::new(); threads];
+    for (i, request) in requests.into_iter().enumerate() {
+        lanes[i % threads].push((i, request));
+    }
+    let start = Instant::now();
+    let timings: Vec<anyhow::Result<Timings>> = std::thread::scope(|scope| {
+        let brain = &brain;
+        let handles: Vec<_> = lanes
+            .into_iter()
+            .map(|lane| scope.spawn(move || drive(brain, lane, start, period)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a load thread panicked"))
+            .collect()
+    });
     let mut latency = Vec::with_capacity(total);
     let mut service = Vec::with_capacity(total);
     let mut observe = Vec::with_capacity(total);
-    let period = Duration::from_secs_f64(1.0 / args.rate);
-    let start = Instant::now();
-    for (i, request) in requests.into_iter().enumerate() {
-        let due = start + period * i as u32;
-        let now = Instant::now();
-        if due > now {
-            std::thread::sleep(due - now);
-        }
-        now_ms = 1_000 + start.elapsed().as_millis() as u64;
-        let began = Instant::now();
-        let reply = brain.assign(&request, now_ms)?;
-        let answered = Instant::now();
-        latency.push(answered - due);
-        service.push(answered - began);
-        let info = request.request.unwrap_or_default();
-        brain.observe(&observation(info, reply.shard), now_ms);
-        observe.push(answered.elapsed());
+    for t in timings {
+        let t = t?;
+        latency.extend(t.latency);
+        service.extend(t.service);
+        observe.extend(t.observe);
     }
     let elapsed = start.elapsed().as_secs_f64();
     let after = brain.store_reads();
+    let scans_after = brain.store_scans();
+    let batch =
+        (scans_after.1 - scans_before.1) as f64 / (scans_after.0 - scans_before.0).max(1) as f64;
     let assign_s: f64 = service.iter().map(Duration::as_secs_f64).sum();
     let store_share = (after.seconds - before.seconds) / assign_s.max(1e-12);
     let per_assign = (after.queries - before.queries) as f64 / service.len().max(1) as f64;
     let rate = service.len() as f64 / elapsed;
     Ok(format!(
-        "| {} | {} | {n} | {held} | {fill_s:.1} | {:.0} | {rate:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1}% | {per_assign:.2} | {:.1} | {} |",
+        "| {} | {} | {n} | {held} | {fill_s:.1} | {:.0} | {rate:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1}% | {per_assign:.2} | {batch:.2} | {:.1} | {} |",
         args.store,
         match args.neighbours {
             NeighbourSearch::Recent => "recent",
@@ -292,11 +348,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--rate and --seconds must be positive");
     }
     println!(
-        "decision path: {} replicas, {} tenants, {} intents; {} s per row, one thread",
-        args.replicas, args.tenants, args.intents, args.seconds
+        "decision path: {} replicas, {} tenants, {} intents; {} s per row, {} load thread(s)",
+        args.replicas, args.tenants, args.intents, args.seconds, args.threads
     );
-    println!("| store | neighbours | entries | held | fill s | target Assign/s | Assign/s | p50 ms | p99 ms | service p99 ms | Observe p99 ms | time in store | store queries / Assign | store B/entry | RSS MB |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| store | neighbours | entries | held | fill s | target Assign/s | Assign/s | p50 ms | p99 ms | service p99 ms | Observe p99 ms | time in store | store queries / Assign | queries / scan | store B/entry | RSS MB |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in &args.entries {
         println!("{}", row(&args, kind, n)?);
     }

@@ -19,8 +19,10 @@ mod index;
 mod kernel;
 
 pub mod clock;
+pub mod coalesce;
 pub mod cpu;
 
+pub use coalesce::Coalesced;
 pub use cpu::{Capacity, CpuStore, CpuStoreConfig};
 
 use std::cmp::Ordering;

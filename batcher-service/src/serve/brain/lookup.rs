@@ -155,6 +155,13 @@ impl Brain {
         }
     }
 
+    /// Batched scans the two stores ran and the queries they answered, together.
+    pub(crate) fn store_scans(&self) -> (u64, u64) {
+        let (centroid_scans, centroid_queries) = read(&self.cohorts).store().scans();
+        let (scans, queries) = self.store.scans();
+        (centroid_scans + scans, centroid_queries + queries)
+    }
+
     /// Memory the fingerprint store holds.
     pub(crate) fn store_bytes(&self) -> u64 {
         self.store.stats().bytes

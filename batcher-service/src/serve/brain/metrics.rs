@@ -6,6 +6,7 @@ use super::lookup::Query;
 use super::{lock, read, Brain};
 use crate::metrics::Scrape;
 use cohort_batcher_core::policy::ChoiceReason;
+use cohort_batcher_core::store::Store;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 impl Brain {
@@ -82,6 +83,26 @@ impl Brain {
                 .iter()
                 .map(|&q| (q.as_str().to_owned(), self.reads.queries(q) as f64))
                 .collect::<Vec<_>>(),
+        );
+        let (centroid_scans, centroid_queries) = read(&self.cohorts).store().scans();
+        let (fingerprint_scans, fingerprint_queries) = self.store.scans();
+        scrape.labelled_counter(
+            "cohort_store_scans_total",
+            "Batched top-k scans run by each store: concurrent queries coalesce into one scan.",
+            "store",
+            &[
+                ("centroids".to_owned(), centroid_scans as f64),
+                ("fingerprints".to_owned(), fingerprint_scans as f64),
+            ],
+        );
+        scrape.labelled_counter(
+            "cohort_store_scanned_queries_total",
+            "Top-k queries those scans answered (queries / scans = the mean batch).",
+            "store",
+            &[
+                ("centroids".to_owned(), centroid_queries as f64),
+                ("fingerprints".to_owned(), fingerprint_queries as f64),
+            ],
         );
         scrape.labelled_counter(
             "cohort_store_query_seconds_total",

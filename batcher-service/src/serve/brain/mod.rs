@@ -34,7 +34,7 @@ use cohort_batcher_core::cohorts::Cohorts;
 use cohort_batcher_core::neighbours::Neighbours;
 use cohort_batcher_core::policy::{Policy, PolicyConfig, RouteRequest};
 use cohort_batcher_core::store::cpu::{Capacity, CpuStoreConfig};
-use cohort_batcher_core::store::{EntryMeta, SketchBytes, Store};
+use cohort_batcher_core::store::{Coalesced, EntryMeta, SketchBytes, Store};
 use cohort_fingerprint::knobs::{batch_threshold, cache_ttl_s};
 use cohort_fingerprint::sketch::SKETCH_VERSION;
 use cohort_gpu_store::{open_store, GpuUtilization, StoreKind};
@@ -113,9 +113,10 @@ pub struct Brain {
     policy: Mutex<Policy>,
     /// The online cohorts over a centroid store of the configured kind. Assigns read it
     /// together; an Observe writes.
-    cohorts: RwLock<Cohorts<Box<dyn Store>>>,
+    cohorts: RwLock<Cohorts<Coalesced<Box<dyn Store>>>>,
     /// The fingerprint store: `CpuStore`, or `GpuStore` with `--store gpu` (feature `cuda`).
-    store: Box<dyn Store>,
+    /// Both stores coalesce concurrent queries into batched scans.
+    store: Coalesced<Box<dyn Store>>,
     /// Each cohort's recent members in `store`: the lists a neighbour search probes.
     neighbours: Mutex<Neighbours>,
     /// How the neighbour search finds the nearest past fingerprints.
@@ -237,8 +238,11 @@ impl Brain {
             shard_index: config.shard_index,
             shard_count: config.shard_count,
             policy: Mutex::new(Policy::new(policy)),
-            cohorts: RwLock::new(Cohorts::new(stores.centroids, config.store.cohort_idle_s)),
-            store: stores.fingerprints,
+            cohorts: RwLock::new(Cohorts::new(
+                Coalesced::new(stores.centroids),
+                config.store.cohort_idle_s,
+            )),
+            store: Coalesced::new(stores.fingerprints),
             neighbours: Mutex::new(Neighbours::new(
                 config.store.neighbours_per_cohort,
                 MAX_COHORTS,

@@ -4,6 +4,7 @@
 
 use super::{lock, read, secs, tenant_hash, Brain, PIVOT_CAP};
 use cohort_batcher_core::store::SketchBytes;
+use cohort_batcher_core::store::Store;
 use cohort_proto as pb;
 use std::sync::atomic::Ordering;
 
