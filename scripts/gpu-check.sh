@@ -8,7 +8,14 @@
 #   scripts/gpu-check.sh                      # uses target/release/gpu-check
 #   GPU_CHECK_BIN=/path/gpu-check scripts/gpu-check.sh --sizes 1000000 --seconds 2
 # Flags after the script name go to gpu-check (--sizes, --batches, --seconds, --no-cpu,
-# --parity-only). Everything is bounded: the whole run stops after 440 s of gpu-check (under 8 minutes with the 30 s
+# --parity-only, --no-parity, --no-ivf).
+#
+# Then, when the batcher binary built with the GPU store is there (COHORT_BIN, default
+# target/release/cohort, from `cargo build --release --locked -p cohort-batcher --features
+# cuda`), the decision-path benchmark with --store gpu and, for comparison, --store cpu on
+# the same machine (docs/GPU-STORE.md, "The decision path"). With GPU_CHECK_PROFILE=1, Nsight
+# Compute's summary of one exact top-k scan (5 M entries, batch 4096), where ncu is installed
+# and allowed to read the counters. Everything is bounded: the whole run stops after 440 s of gpu-check (under 8 minutes with the 30 s
 # torch reference).
 # Exit status: gpu-check's (0 pass, 1 a parity case or device error, 2 no usable GPU).
 set -euo pipefail
@@ -47,4 +54,31 @@ print(f"torch._int_mm: {2 * 8192**3 * n / dt / 1e12:.0f} TOPS")
 PY
 
 echo "== gpu-check $*"
-timeout 440 "$bin" "$@"
+status=0
+timeout 440 "$bin" "$@" || status=$?
+
+cohort=${COHORT_BIN:-target/release/cohort}
+if [ -x "$cohort" ]; then
+  for store in gpu cpu; do
+    echo "== decision path, --store $store: recent neighbours, one load thread at 2,000 Assign/s"
+    timeout 120 "$cohort" bench-decisions --store "$store" --entries 10000,1000000,5000000 --seconds 3 || status=$?
+    echo "== decision path, --store $store: exact neighbours (a full scan per Assign), 16 load threads"
+    timeout 120 "$cohort" bench-decisions --store "$store" --neighbours exact --threads 16 --entries 1000000,5000000 --rate 2000 --seconds 3 || status=$?
+  done
+else
+  echo "== decision path skipped: $cohort not found"
+fi
+
+if [ "${GPU_CHECK_PROFILE:-0}" = 1 ]; then
+  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1 || true)
+  if [ -n "$ncu" ]; then
+    echo "== Nsight Compute: the third topk_scan launch (5 M entries, batch 4096)"
+    timeout 120 "$ncu" --kernel-name topk_scan --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      "$bin" --no-parity --no-ivf --no-cpu --sizes 5000000 --batches 4096 --seconds 0.5 || echo "ncu failed"
+  else
+    echo "== no ncu on this machine"
+  fi
+fi
+exit $status

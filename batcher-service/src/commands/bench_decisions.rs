@@ -266,6 +266,9 @@ fn row(args: &Args, kind: StoreKind, n: usize) -> anyhow::Result<String> {
     config.store.backend = kind;
     config.store.neighbour_search = args.neighbours;
     let brain = Brain::new(&config, Clock::start());
+    if !brain.store_description().starts_with(args.store.as_str()) || kind == StoreKind::Gpu {
+        eprintln!("{n} entries: store {}", brain.store_description());
+    }
     let mut work = Workload::new(args);
     let filled_at = Instant::now();
     let now_ms = 1_000;
@@ -322,7 +325,11 @@ fn row(args: &Args, kind: StoreKind, n: usize) -> anyhow::Result<String> {
     let rate = service.len() as f64 / elapsed;
     Ok(format!(
         "| {} | {} | {n} | {held} | {fill_s:.1} | {:.0} | {rate:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1}% | {per_assign:.2} | {batch:.2} | {:.1} | {} |",
-        args.store,
+        if brain.store_description().starts_with("cpu") {
+            "cpu"
+        } else {
+            "gpu"
+        },
         match args.neighbours {
             NeighbourSearch::Recent => "recent",
             NeighbourSearch::Exact => "exact",

@@ -265,7 +265,7 @@ mod tests {
         });
         let (scans, answered) = store.scans();
         let batches = store.inner.batches.load(Ordering::Relaxed) as u64;
-        assert_eq!(answered, (threads * per_thread) as u64);
+        assert_eq!(answered, threads * per_thread);
         // 320 queries, but overlapping callers shared scans (each scan takes 5 ms).
         assert!(scans < answered / 2, "{scans} scans for {answered} queries");
         assert!(batches >= scans, "a scan makes one batch per tenant group");

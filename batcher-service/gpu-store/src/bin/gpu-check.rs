@@ -16,6 +16,10 @@ struct Args {
     seconds: f64,
     cpu: bool,
     parity_only: bool,
+    /// Run the parity suites (off with `--no-parity`, for a profiler's short run).
+    parity: bool,
+    /// Print the IVF rows (off with `--no-ivf`).
+    ivf: bool,
 }
 
 fn list(v: &str) -> Vec<usize> {
@@ -29,6 +33,8 @@ fn args() -> Args {
         seconds: 3.0,
         cpu: true,
         parity_only: false,
+        parity: true,
+        ivf: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -38,8 +44,10 @@ fn args() -> Args {
             "--seconds" => a.seconds = it.next().and_then(|s| s.parse().ok()).unwrap_or(3.0),
             "--no-cpu" => a.cpu = false,
             "--parity-only" => a.parity_only = true,
+            "--no-parity" => a.parity = false,
+            "--no-ivf" => a.ivf = false,
             other => {
-                eprintln!("gpu-check: unknown flag {other} (--sizes, --batches, --seconds, --no-cpu, --parity-only)");
+                eprintln!("gpu-check: unknown flag {other} (--sizes, --batches, --seconds, --no-cpu, --parity-only, --no-parity, --no-ivf)");
                 std::process::exit(2);
             }
         }
@@ -79,30 +87,32 @@ fn main() {
             }
         }
     };
-    match parity::run_all(&mut make) {
-        Ok(cases) => println!(
-            "parity: PASS {} cases ({}) in {:.1} s",
-            cases.len(),
-            cases.join(", "),
-            started.elapsed().as_secs_f64()
-        ),
-        Err(e) => {
-            println!("parity: FAIL {e}");
-            std::process::exit(1);
+    if args.parity {
+        match parity::run_all(&mut make) {
+            Ok(cases) => println!(
+                "parity: PASS {} cases ({}) in {:.1} s",
+                cases.len(),
+                cases.join(", "),
+                started.elapsed().as_secs_f64()
+            ),
+            Err(e) => {
+                println!("parity: FAIL {e}");
+                std::process::exit(1);
+            }
         }
-    }
-    let mut open_gpu = |cfg: CpuStoreConfig| match cuda::open(cfg) {
-        Ok(s) => s,
-        Err(e) => {
-            println!("gpu-check: opening the GPU store failed: {e}");
-            std::process::exit(2);
-        }
-    };
-    match parity::check_ivf(&mut open_gpu) {
-        Ok(line) => println!("{line}"),
-        Err(e) => {
-            println!("parity: FAIL {e}");
-            std::process::exit(1);
+        let mut open_gpu = |cfg: CpuStoreConfig| match cuda::open(cfg) {
+            Ok(s) => s,
+            Err(e) => {
+                println!("gpu-check: opening the GPU store failed: {e}");
+                std::process::exit(2);
+            }
+        };
+        match parity::check_ivf(&mut open_gpu) {
+            Ok(line) => println!("{line}"),
+            Err(e) => {
+                println!("parity: FAIL {e}");
+                std::process::exit(1);
+            }
         }
     }
     if args.parity_only {
@@ -175,7 +185,9 @@ fn main() {
                 );
             }
         }
-        ivf_rows(&gpu, &queries, n, &args, budget);
+        if args.ivf {
+            ivf_rows(&gpu, &queries, n, &args, budget);
+        }
         let (errors, last) = gpu.errors();
         if errors > 0 {
             println!("gpu-check: {errors} device errors (last: {last:?}); those queries were answered on the host");

@@ -162,6 +162,11 @@ impl Brain {
         (centroid_scans + scans, centroid_queries + queries)
     }
 
+    /// What the stores are: `cpu`, or the GPU store's description.
+    pub(crate) fn store_description(&self) -> &str {
+        &self.store_description
+    }
+
     /// Memory the fingerprint store holds.
     pub(crate) fn store_bytes(&self) -> u64 {
         self.store.stats().bytes

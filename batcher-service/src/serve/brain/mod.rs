@@ -137,6 +137,8 @@ pub struct Brain {
     audit: Arc<AuditLog>,
     /// The GPU store's devices' utilisation; `None` on the CPU store (the gauge is absent).
     gpu_utilization: Option<GpuUtilization>,
+    /// What the stores are (`Stores::description`).
+    store_description: String,
     /// Per (tenant, route): what the effective-cost model reads.
     costs: Mutex<std::collections::HashMap<u64, CostCounts>>,
     cost_model: cohort_batcher_core::score::cost::CostModel,
@@ -162,6 +164,8 @@ pub struct Stores {
     pub centroids: Box<dyn Store>,
     /// The GPU store's devices' utilisation; `None` on the CPU store (the gauge is absent).
     pub gpu_utilization: Option<GpuUtilization>,
+    /// What opened: `cpu`, the GPU store's description, or why the GPU store did not.
+    pub description: String,
 }
 
 impl Stores {
@@ -202,10 +206,16 @@ impl Stores {
         } else {
             kind
         };
+        let description = match (&opened.fallback, kind) {
+            (Some(why), _) => format!("cpu (gpu unavailable: {why})"),
+            (None, StoreKind::Gpu) => opened.description.clone(),
+            (None, StoreKind::Cpu) => "cpu".to_owned(),
+        };
         Stores {
             fingerprints: opened.store,
             centroids: open_store(centroid_kind, centroids).store,
             gpu_utilization: opened.utilization,
+            description,
         }
     }
 }
@@ -257,6 +267,7 @@ impl Brain {
             clock,
             audit: Arc::new(AuditLog::new(config.audit_max_records)),
             gpu_utilization: stores.gpu_utilization,
+            store_description: stores.description,
             costs: Mutex::new(std::collections::HashMap::new()),
             cost_model: config.cost,
         }

@@ -170,6 +170,7 @@ fn replay_both(search: NeighbourSearch) -> [Run; 2] {
             fingerprints: Box::new(CpuStore::new(fingerprints)),
             centroids: Box::new(CpuStore::new(centroids)),
             gpu_utilization: None,
+            description: String::new(),
         },
     );
     let gpu = Brain::with_stores(
@@ -179,6 +180,7 @@ fn replay_both(search: NeighbourSearch) -> [Run; 2] {
             fingerprints: emulated(fingerprints),
             centroids: emulated(centroids),
             gpu_utilization: None,
+            description: String::new(),
         },
     );
     [replay(&cpu), replay(&gpu)]
