@@ -155,6 +155,44 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
 }
 
 #[test]
+fn the_similar_replica_breaks_ties_only_among_equally_cheap_replicas_of_an_ownerless_cohort() {
+    let route = |blocks: &'static [u64], cohort, similar, cost, now_ms| RouteRequest {
+        blocks,
+        cohort,
+        similar,
+        cost,
+        now_ms,
+        track: false,
+    };
+    // A large slack keeps every replica eligible; the order among them is the test.
+    let config = |replicas| PolicyConfig {
+        balance_slack: 1e9,
+        ..PolicyConfig::new(replicas, 1000)
+    };
+    // An idle fleet: every replica costs the same, so where similar requests went decides.
+    let mut p = Policy::new(config(4));
+    let c = p.choose(&route(&[1], None, Some(2), 100, 0));
+    assert_eq!((c.replica, c.reason), (2, ChoiceReason::Similar));
+    // A loaded similar replica does not win against an idle one: cost comes first.
+    let mut p = Policy::new(config(2));
+    let busy = p.choose(&route(&[10], None, None, 5_000, 0)).replica;
+    let c = p.choose(&route(&[20], None, Some(busy), 100, 1));
+    assert_ne!(c.replica, busy);
+    assert_ne!(c.reason, ChoiceReason::Similar);
+    // A cohort with an owner follows its owner, not the similar replica.
+    let mut p = Policy::new(config(4));
+    let owner = p.choose(&route(&[30], Some(7), None, 100, 0)).replica;
+    let elsewhere = (owner + 1) % 4;
+    let c = p.choose(&route(&[40], Some(7), Some(elsewhere), 100, 1));
+    assert_eq!((c.replica, c.reason), (owner, ChoiceReason::Cohort));
+    // A cached prefix beats it too; an out-of-range replica is ignored.
+    let c = p.choose(&route(&[30], None, Some(elsewhere), 100, 2));
+    assert_eq!((c.replica, c.reason), (owner, ChoiceReason::Prefix));
+    let c = p.choose(&route(&[50], None, Some(99), 100, 3));
+    assert_ne!(c.reason, ChoiceReason::Similar);
+}
+
+#[test]
 fn odd_inputs_do_not_panic() {
     let mut p = Policy::new(PolicyConfig {
         replicas: 0,

@@ -53,17 +53,26 @@
 //! 2. A replica is *eligible* iff it is available (probe up, no recent 5xx; when none is,
 //!    all are) and `P_r ≤ bound`. `balance` is the one knob that trades hits for balance
 //!    (∞ = prefix only, 1.0 = strict least cost).
-//! 3. Among eligible replicas pick the greatest `(matched_r, −P_r, cohort rank, −held_r)`
-//!    on live load, `(matched_r, cohort rank, −P_r, −held_r)` on the estimate: the
+//! 3. Among eligible replicas pick the greatest
+//!    `(matched_r, −P_r, cohort rank, similar_r, −held_r)` on live load,
+//!    `(matched_r, cohort rank, −P_r, similar_r, −held_r)` on the estimate: the
 //!    longest prefix wins; among equal prefixes the least expected wait, then the
 //!    cohort's primary then secondary owner (on the estimate the owner comes first: its
-//!    differences of decayed work are history, not queue); then the fewest blocks held, so
+//!    differences of decayed work are history, not queue); then, while the cohort has no
+//!    owner, the replica the most similar past requests went to (`similar_r`, from the
+//!    fingerprint store, [`crate::neighbours`]); then the fewest blocks held, so
 //!    a new prefix on an idle fleet goes where the cache has most room (as SGLang's
 //!    smallest tree). Putting the owner before the wait on live load sent every new
 //!    Mooncake conversation (one intent cohort) to one replica until it hit the bound,
 //!    and then its conversations' next turns spilled off their history (measured:
 //!    `load_spill` 384 of 1,177 decisions either way, but hits 0.145 → 0.161 and
 //!    templated-app p90 1.16× → 1.00× sglang-router's, docs/BENCHMARKS.md).
+//!    The similar replica comes after the cost on purpose: given the owner's rank, it
+//!    sent the first requests of two applications with the same intents but different
+//!    system prompts to one replica on templated-app's cold start (2 decisions of 215)
+//!    and piled their prefixes there (TTFT p90 2.0× sglang-router's instead of 1.2×;
+//!    `results/peers/20261205T200650Z`). Same intent is not same prefix; it is a guess
+//!    to break ties with, not a cost.
 //!    Exact ties go to the first replica in ring order starting at
 //!    `(hash(first block) + decision count) mod replicas`.
 //! 4. If no replica is eligible (a single request larger than the slack), take the least
@@ -249,8 +258,9 @@ pub struct RouteRequest<'a> {
     /// Intent cohort, when the clustering assigned one.
     pub cohort: Option<u32>,
     /// The replica the most similar past requests went to ([`crate::neighbours::vote`]),
-    /// when any is similar enough: it stands in for the cohort's owner while the cohort has
-    /// none (a new cohort, one whose owner was forgotten, or no cohort).
+    /// when any is similar enough. While the cohort has no owner (a new cohort, one whose
+    /// owner was forgotten, or no cohort) it breaks ties between replicas equal on prefix
+    /// and expected cost, before the fewest blocks held.
     pub similar: Option<usize>,
     /// Prompt size (tokens or bytes; the same unit as `per_request_work`).
     pub cost: u32,
@@ -268,8 +278,8 @@ pub enum ChoiceReason {
     Prefix,
     /// No replica holds a longer prefix; it owns the request's cohort.
     Cohort,
-    /// No replica holds a longer prefix and the cohort has no owner; the most similar past
-    /// requests went there.
+    /// No replica holds a longer prefix, the cohort has no owner, and among the equally
+    /// cheap replicas the most similar past requests went there.
     Similar,
     /// The prefix holder or cohort owner was over the balance bound; moved here.
     LoadSpill,
@@ -548,15 +558,11 @@ impl Policy {
         };
         let usable = |r: usize| self.available[r] || !any_available;
 
-        let known = req.cohort.and_then(|c| self.owners.get(&c).copied());
-        let similar = req
-            .similar
-            .filter(|&r| known.is_none() && r < n)
-            .map(|primary| Owners {
-                primary,
-                secondary: None,
-            });
-        let owners = known.or(similar);
+        let owners = req.cohort.and_then(|c| self.owners.get(&c).copied());
+        // Where similar requests went: only while the cohort has no owner, and only among
+        // replicas equal on prefix, owner and expected cost (see the module doc).
+        let similar = req.similar.filter(|&r| owners.is_none() && r < n);
+        let similar_rank = |r: usize| u8::from(similar == Some(r));
         let rank = |r: usize| -> u8 {
             match owners {
                 Some(o) if o.primary == r => 2,
@@ -591,6 +597,7 @@ impl Policy {
                         || (mr == mb
                             && first
                                 .then(second)
+                                .then(similar_rank(r).cmp(&similar_rank(b)))
                                 .then(self.states[b].len().cmp(&self.states[r].len()))
                                 .is_gt())
                 }
@@ -618,10 +625,10 @@ impl Policy {
         let floor = self.matched.iter().copied().min().unwrap_or(0);
         let reason = if m == best_m && best_m > floor {
             ChoiceReason::Prefix
-        } else if rank(replica) > 0 && similar.is_some() {
-            ChoiceReason::Similar
         } else if rank(replica) > 0 {
             ChoiceReason::Cohort
+        } else if similar == Some(replica) {
+            ChoiceReason::Similar
         } else if best_m > m
             || owners.is_some_and(|o| self.projected[o.primary] > bound || !usable(o.primary))
         {
