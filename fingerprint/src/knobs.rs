@@ -74,9 +74,14 @@ pub fn batch_threshold(value: f32) -> f32 {
     }
 }
 
-/// A cache TTL as the batcher uses it: clamped to [`CACHE_TTL_RANGE_S`].
+/// A cache TTL as the batcher uses it: clamped to [`CACHE_TTL_RANGE_S`]; 0 (a request
+/// that carried no knobs) is the default, as for the header.
 pub fn cache_ttl_s(value: u32) -> u32 {
-    value.clamp(CACHE_TTL_RANGE_S.0, CACHE_TTL_RANGE_S.1)
+    if value == 0 {
+        Knobs::default().cache_ttl_s
+    } else {
+        value.clamp(CACHE_TTL_RANGE_S.0, CACHE_TTL_RANGE_S.1)
+    }
 }
 
 /// Effective knob values for one request.

@@ -262,6 +262,9 @@ pub struct RouteRequest<'a> {
     /// owner was forgotten, or no cohort) it breaks ties between replicas equal on prefix
     /// and expected cost, before the fewest blocks held.
     pub similar: Option<usize>,
+    /// How long the request's blocks count as held on the chosen replica after it: the
+    /// `cache-ttl` knob ([`prefix_state`]); `u64::MAX` for no limit.
+    pub resident_ms: u64,
     /// Prompt size (tokens or bytes; the same unit as `per_request_work`).
     pub cost: u32,
     /// Injected time.
@@ -519,7 +522,7 @@ impl Policy {
         let mut cost_min = f64::INFINITY;
         let any_available = self.available.iter().any(|&a| a);
         for r in 0..n {
-            let (m, uses) = self.states[r].matched_uses(blocks);
+            let (m, uses) = self.states[r].matched_uses(blocks, now);
             self.uses[r] = uses;
             let uncached = if blocks.is_empty() {
                 cost
@@ -656,7 +659,7 @@ impl Policy {
 
         let w = self.work[replica];
         let prefill = self.prefill[replica];
-        self.states[replica].record(blocks);
+        self.states[replica].record(blocks, now, now.saturating_add(req.resident_ms));
         self.loads[replica].add_with(w, now, decay);
         self.assigned[replica] += 1;
         self.decisions += 1;

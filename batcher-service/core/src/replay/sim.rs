@@ -309,6 +309,7 @@ impl Router {
                             blocks,
                             cohort: None,
                             similar: None,
+                            resident_ms: u64::MAX,
                             cost: req.input_length,
                             now_ms: req.timestamp_ms,
                             track: false,

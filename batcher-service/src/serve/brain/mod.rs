@@ -311,6 +311,7 @@ impl Brain {
                 blocks: &fp.blocks,
                 cohort,
                 similar: found.similar,
+                resident_ms: u64::from(cache_ttl_s(knobs.cache_ttl_s)) * 1000,
                 cost: fp.prompt_bytes / BYTES_PER_TOKEN,
                 now_ms,
                 track: assign.reports_progress,
@@ -652,6 +653,38 @@ mod tests {
             let other = assign(&brain, vec![98], sketch(1), "b");
             assert_ne!(other.reason, "similar");
         }
+    }
+
+    #[test]
+    fn a_prefix_counts_as_resident_for_its_cache_ttl() {
+        let brain = brain(3, 1);
+        let at = |blocks: Vec<u64>, ttl_s: u32, now_ms: u64| {
+            let request = pb::AssignRequest {
+                request: Some(pb::RequestInfo {
+                    fingerprint: Some(fingerprint(blocks, sketch(0))),
+                    knobs: Some(pb::Knobs {
+                        cache_ttl_s: ttl_s,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            brain.assign(&request, now_ms).unwrap()
+        };
+        // Sent at 1 s with a 600 s TTL: held at 600 s, not at 601 s.
+        at(vec![1, 2, 3, 4], 600, 1_000);
+        assert_eq!(at(vec![1, 2, 3, 5], 600, 600_000).matched_blocks, 3);
+        // That request refreshed 1, 2, 3 until 1,200 s; 4 expired at 601 s.
+        assert_eq!(at(vec![1, 2, 3, 4], 300, 601_000).matched_blocks, 3);
+        // The knob is clamped to 300–3600 s; beyond, nothing is held.
+        at(vec![7, 8], 5, 2_000_000);
+        assert_eq!(at(vec![7, 8], 5, 2_299_000).matched_blocks, 2);
+        assert_eq!(at(vec![7, 9], 5, 2_600_000).matched_blocks, 0);
+        // No knob (0) is the header's default, 600 s.
+        at(vec![20, 21], 0, 3_000_000);
+        assert_eq!(at(vec![20, 21], 0, 3_599_000).matched_blocks, 2);
+        assert_eq!(at(vec![20, 22], 0, 4_200_000).matched_blocks, 0);
     }
 
     #[test]
