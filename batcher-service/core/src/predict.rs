@@ -18,7 +18,9 @@
 //! `(top-k, floor, idle guard)` through [`PrefetchPolicy::of`].
 
 use cohort_fingerprint::knobs::Prefetch;
+use lru::LruCache;
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 
 /// The predictor's knobs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -95,21 +97,24 @@ struct Last {
 }
 
 /// The model. Keys are `(tenant, cohort)`; contexts are opaque hashes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Predictor {
     config: PredictConfig,
     edges: HashMap<(u64, u64), Vec<(u64, Edge)>>,
-    last: HashMap<u64, Last>,
+    /// Each context's last cohort, least recently seen first out: O(1) per request (a scan
+    /// for the oldest cost a pass over 100,000 contexts per request once full).
+    last: LruCache<u64, Last>,
 }
 
 const GAP_EWMA: f64 = 0.3;
 
 impl Predictor {
     pub fn new(config: PredictConfig) -> Predictor {
+        let contexts = NonZeroUsize::new(config.max_contexts).unwrap_or(NonZeroUsize::MIN);
         Predictor {
             config,
             edges: HashMap::new(),
-            last: HashMap::new(),
+            last: LruCache::new(contexts),
         }
     }
 
@@ -120,18 +125,13 @@ impl Predictor {
     /// Records that `cohort` arrived in `context` of `tenant` at `now_ms`, learning the
     /// transition from the context's previous cohort.
     pub fn observe(&mut self, tenant: u64, context: u64, cohort: u64, now_ms: u64) {
-        let previous = self.last.insert(
+        let previous = self.last.put(
             context,
             Last {
                 cohort,
                 at_ms: now_ms,
             },
         );
-        if self.last.len() > self.config.max_contexts {
-            if let Some((&oldest, _)) = self.last.iter().min_by_key(|(_, l)| l.at_ms) {
-                self.last.remove(&oldest);
-            }
-        }
         let Some(previous) = previous else { return };
         let gap = now_ms.saturating_sub(previous.at_ms) as f64;
         let half_life = self.config.half_life_ms.max(1) as f64;
@@ -300,5 +300,23 @@ mod tests {
         }
         assert!(p.edges.values().all(|f| f.len() <= 2));
         assert!(p.last.len() <= 3);
+    }
+
+    #[test]
+    fn the_least_recently_seen_context_is_forgotten_first() {
+        let mut p = Predictor::new(PredictConfig {
+            max_contexts: 2,
+            ..PredictConfig::default()
+        });
+        p.observe(0, 1, 10, 0);
+        p.observe(0, 2, 10, 1);
+        p.observe(0, 1, 11, 2); // context 1 seen again: 2 is now the oldest
+        p.observe(0, 3, 10, 3); // a third context: 2 goes
+        assert!(p.last.contains(&1) && p.last.contains(&3) && !p.last.contains(&2));
+        // Context 2 comes back with no memory: no transition learnt from its old cohort.
+        p.observe(0, 2, 12, 4);
+        assert!(p.predict(0, 10, 4, HIGH).iter().all(|n| n.cohort != 12));
+        // Context 1's 10 → 11 was learnt.
+        assert_eq!(p.predict(0, 10, 4, HIGH)[0].cohort, 11);
     }
 }

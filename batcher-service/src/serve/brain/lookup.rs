@@ -71,12 +71,15 @@ impl StoreReads {
 }
 
 /// The space a sketch is compared in: its tenant and semantic mode (sketches of different
-/// modes are not comparable, so their cohorts and neighbours never mix). The default mode
-/// is the tenant's hash alone.
+/// modes are not comparable, so their cohorts and neighbours never mix). The default mode,
+/// `intent` (or unspecified), is the tenant's hash alone, the space the inspector's
+/// playground looks in.
 pub(crate) fn space(tenant: &str, semantic_mode: i32) -> u32 {
+    const UNSPECIFIED: i32 = cohort_proto::SemanticMode::Unspecified as i32;
+    const INTENT: i32 = cohort_proto::SemanticMode::Intent as i32;
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     hasher.update(tenant.as_bytes());
-    if semantic_mode != 0 {
+    if !matches!(semantic_mode, UNSPECIFIED | INTENT) {
         hasher.update(&[0xff]);
         hasher.update(&semantic_mode.to_le_bytes());
     }

@@ -144,10 +144,6 @@ pub struct Brain {
     cost_model: cohort_batcher_core::score::cost::CostModel,
 }
 
-fn tenant_hash(tenant: &str) -> u32 {
-    xxhash_rust::xxh3::xxh3_64(tenant.as_bytes()) as u32
-}
-
 /// The 32 sketch values, if the fingerprint carries a sketch this batcher understands.
 fn sketch_of(fp: &pb::Fingerprint) -> Option<SketchBytes> {
     if fp.sketch_version != SKETCH_VERSION {
@@ -685,6 +681,53 @@ mod tests {
         at(vec![20, 21], 0, 3_000_000);
         assert_eq!(at(vec![20, 21], 0, 3_599_000).matched_blocks, 2);
         assert_eq!(at(vec![20, 22], 0, 4_200_000).matched_blocks, 0);
+    }
+
+    #[test]
+    fn cohorts_of_different_semantic_modes_do_not_mix() {
+        let brain = brain(2, 1);
+        let with_mode = |mode: pb::SemanticMode, key: u64| pb::RequestInfo {
+            fingerprint: Some(pb::Fingerprint {
+                semantic_mode: mode as i32,
+                ..fingerprint(vec![key], sketch(1))
+            }),
+            tenant: "a".into(),
+            ..Default::default()
+        };
+        for (mode, key) in [(pb::SemanticMode::Intent, 1), (pb::SemanticMode::Topic, 2)] {
+            brain.observe(
+                &pb::ObservationBatch {
+                    observations: vec![pb::Observation {
+                        request: Some(with_mode(mode, key)),
+                        shard: "r0".into(),
+                        ..Default::default()
+                    }],
+                    dropped: 0,
+                },
+                1_000,
+            );
+        }
+        // The same sketch made two cohorts, one per mode.
+        assert_eq!(brain.status(1_000).cohorts, 2);
+        let cluster = |mode| {
+            let request = pb::AssignRequest {
+                request: Some(with_mode(mode, 3)),
+                ..Default::default()
+            };
+            brain.assign(&request, 1_000).unwrap().cluster
+        };
+        let (intent, topic) = (
+            cluster(pb::SemanticMode::Intent),
+            cluster(pb::SemanticMode::Topic),
+        );
+        assert!(!intent.is_empty() && !topic.is_empty());
+        assert_ne!(intent, topic);
+        // A mode no cohort was made in finds none; unspecified is intent.
+        assert_eq!(cluster(pb::SemanticMode::Hybrid), "");
+        assert_eq!(cluster(pb::SemanticMode::Unspecified), intent);
+        // The inspector's playground looks in the default (intent) space.
+        let nearest = brain.nearest_cohorts("a", &sketch(1), 1_000);
+        assert_eq!(nearest[0].0, intent);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the `Status` RPC. Nothing here shows prompt text: cohorts are ids, sources are the
 //! tenant names the mesh set.
 
-use super::{lock, read, secs, tenant_hash, Brain, PIVOT_CAP};
+use super::{lock, read, secs, space, Brain, PIVOT_CAP};
 use cohort_batcher_core::store::SketchBytes;
 use cohort_batcher_core::store::Store;
 use cohort_proto as pb;
@@ -62,7 +62,7 @@ impl Brain {
         now_ms: u64,
     ) -> Vec<(String, f32)> {
         read(&self.cohorts)
-            .nearest_cohorts(tenant_hash(tenant), sketch, 5, secs(now_ms))
+            .nearest_cohorts(space(tenant, 0), sketch, 5, secs(now_ms))
             .into_iter()
             .map(|(id, cos)| (format!("{id:08x}"), cos))
             .collect()
