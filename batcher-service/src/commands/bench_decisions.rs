@@ -27,6 +27,7 @@ use crate::serve::brain::{space, Brain};
 use anyhow::bail;
 use cohort_batcher_core::store::{EntryMeta, SketchBytes};
 use cohort_fingerprint::sketch::SKETCH_VERSION;
+use cohort_gpu_store::parity::Rng;
 use cohort_gpu_store::StoreKind;
 use cohort_proto as pb;
 use std::time::{Duration, Instant};
@@ -67,22 +68,6 @@ const OBSERVED_FILL: usize = 20_000;
 /// Fingerprints live this long (longer than any run).
 const TTL_S: u32 = 86_400;
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 /// The workload (see the module doc).
 struct Workload {
     rng: Rng,
@@ -121,12 +106,12 @@ impl Workload {
 
     /// The next request: its intent and request info.
     fn request(&mut self) -> (usize, pb::RequestInfo) {
-        let intent = self.rng.below(self.centres.len());
+        let intent = self.rng.below(self.centres.len() as u64) as usize;
         let sketch = self.sketch(intent);
         self.serial += 1;
         let mut blocks = Vec::with_capacity(5);
         if self.rng.below(2) == 0 {
-            let app = self.rng.below(64) as u64;
+            let app = self.rng.below(64);
             blocks.extend((0..4).map(|b| (app << 8) | b));
         }
         blocks.push((1 << 63) | self.serial);
@@ -198,9 +183,9 @@ fn fill(brain: &Brain, work: &mut Workload, n: usize, replicas: usize, now_ms: u
         .collect();
     let now_s = (now_ms / 1000) as u32;
     for i in observed..n {
-        let intent = work.rng.below(work.centres.len());
+        let intent = work.rng.below(work.centres.len() as u64) as usize;
         let sketch = work.sketch(intent);
-        let key = work.rng.next();
+        let key = work.rng.next_u64();
         brain.keep_fingerprint(
             key,
             &sketch,

@@ -10,24 +10,9 @@ use crate::config::{NeighbourSearch, Replica, ServeConfig};
 use cohort_batcher_core::store::{CpuStore, CpuStoreConfig, Store};
 use cohort_fingerprint::sketch::SKETCH_VERSION;
 use cohort_gpu_store::emu::EmuDevice;
+use cohort_gpu_store::parity::Rng;
 use cohort_gpu_store::GpuStore;
 use cohort_proto as pb;
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// One step of the trace.
 enum Step {
