@@ -16,10 +16,9 @@
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, post_stream};
-use cohort_tests::config::{self, set_batch_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
+use cohort_tests::eventually;
 use cohort_tests::llama::Llama;
-use cohort_tests::{eventually, free_port};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -35,30 +34,15 @@ fn stack() -> Stack {
     let replicas: Vec<Llama> = (0..3).map(|_| Llama::start(2)).collect();
     let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
     let batcher = Batcher::start(BatcherSpec::over_engines(&ports));
-    let mut config = config::load("batch");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
-    set_batch_endpoints(
-        &mut config,
+    // A generous Assign deadline: on a loaded 2-core test machine a 25 ms deadline can
+    // expire, and the request would then (correctly) skip batching.
+    let envoy = Envoy::batch_with(
         batcher.spec.grpc_port,
         batcher.spec.front_port.unwrap(),
         &ports,
-    );
-    // A generous Assign deadline: on a loaded 2-core test machine a 25 ms deadline can
-    // expire, and the request would then (correctly) skip batching.
-    set_filter(
-        &mut config,
         &json!({"mode": "batch", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]})
             .to_string(),
     );
-    let envoy = Envoy::start(&config, admin, listen);
-    // The front and the replicas behind it passed their first health check (until then
-    // Envoy sends marked requests to the replicas directly).
-    assert!(envoy.wait_for_stat(
-        "cluster.cohort-front-0.membership_healthy",
-        4,
-        Duration::from_secs(10)
-    ));
     // The front's first engine probe (slot counts from /props) runs at start; give it a beat.
     std::thread::sleep(Duration::from_millis(1500));
     Stack {

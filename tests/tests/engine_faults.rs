@@ -22,7 +22,7 @@
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, post_stream, Response};
-use cohort_tests::config::{self, set_batch_endpoints, set_endpoints, set_filter, set_ports};
+use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::llama::Llama;
 use cohort_tests::{eventually, free_port, one_at_a_time};
@@ -221,29 +221,16 @@ fn a_replica_killed_under_the_batch_front_fails_nothing_and_new_requests_avoid_i
     let mut replicas = vec![Some(Llama::start(2)), Some(Llama::start(2))];
     let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
     let batcher = Batcher::start(BatcherSpec::over_engines(&ports));
-    let mut config = config::load("batch");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
-    set_batch_endpoints(
-        &mut config,
+    // As batch_llama.rs: a deadline a loaded 2-core machine meets, so requests are batched.
+    // Returns once the front and both replicas behind it passed their first health check
+    // (until then Envoy sends marked requests to the replicas directly) …
+    let envoy = Envoy::batch_with(
         batcher.spec.grpc_port,
         batcher.spec.front_port.unwrap(),
         &ports,
-    );
-    // As batch_llama.rs: a deadline a loaded 2-core machine meets, so requests are batched.
-    set_filter(
-        &mut config,
         &json!({"mode": "batch", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]})
             .to_string(),
     );
-    let envoy = Envoy::start(&config, admin, listen);
-    // The front and both replicas behind it passed their first health check (until then
-    // Envoy sends marked requests to the replicas directly) …
-    assert!(envoy.wait_for_stat(
-        "cluster.cohort-front-0.membership_healthy",
-        3,
-        Duration::from_secs(10)
-    ));
     // … and the front's first engine probe (slot counts from /props) has run.
     std::thread::sleep(Duration::from_millis(1500));
     let port = envoy.listen_port;

@@ -16,7 +16,6 @@
 //! binary (built by `cargo test --workspace`); `scripts/test` does all three.
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
-use cohort_tests::config::{self, set_batch_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::load::{self, percentile, reconcile, window, Outcome, Plan, ID_HEADER};
 use cohort_tests::procstat::{self, Sample};
@@ -52,31 +51,18 @@ fn stack(extra_args: Vec<String>) -> Stack {
         front_port: Some(free_port()),
         extra_args,
     });
-    let mut config = config::load("batch");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
     let ports: Vec<u16> = engines.iter().map(|e| e.port).collect();
-    set_batch_endpoints(
-        &mut config,
-        batcher.spec.grpc_port,
-        batcher.spec.front_port.unwrap(),
-        &ports,
-    );
     // At saturation the clients, Envoy, the batcher and the engines share two cores, and
     // an Assign can wait longer than the shipped 25 ms for a core; such a request skips
     // the front (correctly), so the soak allows 100 ms to keep the front in the path.
-    set_filter(
-        &mut config,
+    // Returns once the front and the three replicas behind it passed their health check.
+    let envoy = Envoy::batch_with(
+        batcher.spec.grpc_port,
+        batcher.spec.front_port.unwrap(),
+        &ports,
         &json!({"mode": "batch", "assign_deadline_ms": 100, "batcher_clusters": ["cohort-batcher-0"]})
             .to_string(),
     );
-    let envoy = Envoy::start(&config, admin, listen);
-    // The front and the three replicas behind it passed their first health check.
-    assert!(envoy.wait_for_stat(
-        "cluster.cohort-front-0.membership_healthy",
-        4,
-        Duration::from_secs(10)
-    ));
     Stack {
         engines,
         batcher,
