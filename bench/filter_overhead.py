@@ -13,10 +13,20 @@ wrk, the upstream and the front share the cores, rps ratios move with how the sc
 shares them, while CPU per request is what the filter itself costs.
 
 A second table measures the latency the filter adds below saturation: oha at a fixed rate
-(--rate, default 500 requests/s) against each front, alternating, medians of p50 and p99.
+(--rate: by default half the baseline front's saturated rps for that body, from the first
+table) against each front, alternating, medians of p50 and p99.
 
-  bench/filter_overhead.py [--duration 10] [--rounds 3] [--connections 16] [--rate 500]
+With --floor, a third table gives the unit of the filter's cost goal: Cohort's own CPU per
+request over the read-body floor (Cohort's CPU added minus the floor's).
+
+With --tokenizer, a last table times the engine's own tokenizer on the same bodies:
+llama-server's /tokenize (Gemma 3 270M, as scripts/setup installs it) on the text of the
+body's messages, the median round trip minus that of an empty text, for comparison with
+what the filter adds per request.
+
+  bench/filter_overhead.py [--duration 10] [--rounds 3] [--connections 16] [--rate auto|N]
                            [--sizes 2048,32768] [--compare-wasm OLD.wasm ...] [--floor]
+                           [--tokenizer]
 
 --compare-wasm adds a front with another build of the filter (e.g. the main branch's,
 copied aside before rebuilding), measured in the same alternating rounds: rows "before";
@@ -27,8 +37,8 @@ answers Continue) and "wasm floor: read body" (pause, read the buffered body, wr
 header, clear the route cache). They show what any wasm filter costs in this Envoy, apart
 from Cohort's own work.
 
-Needs scripts/setup (Envoy, wrk, the filter) and, for the fixed-rate table,
-`cargo install oha`. Prints markdown tables.
+Needs scripts/setup (Envoy, wrk, oha, the filter, and llama-server for --tokenizer).
+Prints markdown tables.
 """
 import argparse
 import shutil
@@ -124,15 +134,20 @@ def chat_body(target):
             "How do I change my e-mail from jane.doe@example.org?",
             "Mary Ann sent me 250 EUR last week but I still don't see it."]
     messages = [{"role": "system", "content": system * 3}]
+    body = {"model": "gemma-3-270m", "messages": messages,
+            "tools": [{"type": "function", "function": {"name": "lookup_card", "parameters": {"type": "object"}}}]}
+    # Each message appended adds ", " and its own JSON to the body: count instead of
+    # re-encoding the whole body per message (512 KB bodies have thousands).
+    size = len(json.dumps(body).encode())
     i = 0
-    while True:
-        body = {"model": "gemma-3-270m", "messages": messages,
-                "tools": [{"type": "function", "function": {"name": "lookup_card", "parameters": {"type": "object"}}}]}
-        data = json.dumps(body).encode()
-        if len(data) >= target:
-            return data
-        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": asks[i % len(asks)]})
+    while size < target:
+        message = {"role": "user" if i % 2 == 0 else "assistant", "content": asks[i % len(asks)]}
+        messages.append(message)
+        size += len(json.dumps(message).encode()) + 2
         i += 1
+    data = json.dumps(body).encode()
+    assert len(data) == size
+    return data
 
 
 def start_envoy(workdir, name, config):
@@ -192,12 +207,13 @@ def run_wrk(port, body_file, args, pid):
 
 
 def oha_binary():
-    return shutil.which("oha") or next((p for p in [os.path.expanduser("~/.cargo/bin/oha")] if os.path.exists(p)), None)
+    candidates = [os.path.join(ROOT, ".cohort/bin/oha"), os.path.expanduser("~/.cargo/bin/oha")]
+    return shutil.which("oha") or next((p for p in candidates if os.path.exists(p)), None)
 
 
-def run_oha(oha, port, body_file, args):
+def run_oha(oha, port, body_file, args, rate):
     """Fixed-rate latency (ms): p50, p99, and the success rate."""
-    out = subprocess.run([oha, "-z", f"{args.duration}s", "-q", str(args.rate), "-c", "8", "--no-tui",
+    out = subprocess.run([oha, "-z", f"{args.duration}s", "-q", str(rate), "-c", "8", "--no-tui",
                           "--output-format", "json", "-m", "POST", "-H", "content-type: application/json",
                           "-D", body_file, f"http://127.0.0.1:{port}/v1/chat/completions"],
                          capture_output=True, text=True, check=True).stdout
@@ -206,12 +222,65 @@ def run_oha(oha, port, body_file, args):
     return latency["p50"] * 1e3, latency["p99"] * 1e3, report["summary"]["successRate"]
 
 
+LLAMA = os.path.join(ROOT, ".cohort/bin/llama-server")
+MODEL = os.path.join(ROOT, ".cohort/models/gemma-3-270m-q4_k_m.gguf")
+
+
+def tokenizer_times(sizes, workdir):
+    """(body bytes, tokens, text bytes, µs) per size: llama-server's /tokenize on the text of
+    the body's messages, median round trip of 20 calls minus the median for an empty text."""
+    for need in (LLAMA, MODEL):
+        if not os.path.exists(need):
+            sys.exit(f"{need} missing: run scripts/setup")
+    port = free_port()
+    log = open(os.path.join(workdir, "llama.log"), "w")
+    proc = subprocess.Popen([LLAMA, "-m", MODEL, "--host", "127.0.0.1", "--port", str(port), "-c", "2048",
+                             "-np", "1", "-t", "1"], stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
+                    break
+            except Exception:
+                if time.time() > deadline or proc.poll() is not None:
+                    sys.exit("llama-server did not start (see its log in " + workdir + ")")
+                time.sleep(0.2)
+
+        def tokenize(text):
+            data = json.dumps({"content": text}).encode()
+            started = time.perf_counter()
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/tokenize", data=data,
+                                             headers={"content-type": "application/json"})
+            reply = json.loads(urllib.request.urlopen(request, timeout=30).read())
+            return time.perf_counter() - started, len(reply["tokens"])
+
+        def median_us(text):
+            tokenize(text)
+            return statistics.median(tokenize(text)[0] for _ in range(20)) * 1e6
+
+        empty = median_us("")
+        out = []
+        for size in sizes:
+            body = json.loads(chat_body(size))
+            text = "\n".join(m["content"] for m in body["messages"])
+            tokens = tokenize(text)[1]
+            out.append((len(chat_body(size)), tokens, len(text.encode()), median_us(text) - empty))
+        return out
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--rate", type=int, default=500)
+    parser.add_argument("--rate", default="auto",
+                        help="fixed rate of the latency table, requests/s, or auto: half the baseline's saturation")
+    parser.add_argument("--tokenizer", action="store_true",
+                        help="time llama-server's /tokenize on the same bodies")
     parser.add_argument("--compare-wasm", action="append", default=[], metavar="WASM",
                         help="another filter build, measured as one more front (repeatable)")
     parser.add_argument("--floor", action="store_true", help="add the two wasm-floor fronts")
@@ -260,12 +329,13 @@ def main():
                    for name, runs in results.items()}
             rows.append((len(body), med))
             if oha:
+                rate = int(med["baseline"][0] / 2) if args.rate == "auto" else int(args.rate)
                 latencies = {name: [] for name in fronts}
                 for _ in range(args.rounds):
                     for name in fronts:
-                        latencies[name].append(run_oha(oha, ports[name][1], body_file, args))
-                fixed_rate.append((len(body), {name: [statistics.median(r[i] for r in runs) for i in range(2)]
-                                               + [min(r[2] for r in runs)] for name, runs in latencies.items()}))
+                        latencies[name].append(run_oha(oha, ports[name][1], body_file, args, rate))
+                fixed_rate.append((len(body), rate, {name: [statistics.median(r[i] for r in runs) for i in range(2)]
+                                                     + [min(r[2] for r in runs)] for name, runs in latencies.items()}))
         stats = urllib.request.urlopen(f"http://127.0.0.1:{ports['cohort'][0]}/stats?filter=cohort_(fingerprinted_total|bypass_total|fingerprint_us|sketch_us)").read().decode()
     finally:
         for proc in procs.values():
@@ -287,18 +357,36 @@ def main():
             print(f"| {size:,} B | {label} | {c[0]:,.0f} | {c[0] / b[0]:.2f} | {c[3]:.1f} | {c[3] - b[3]:+.1f} | "
                   f"{c[1]:.3f} / {c[2]:.3f} | {c[1] - b[1]:+.3f} / {c[2] - b[2]:+.3f} | {c[4]} |")
     if fixed_rate:
-        print(f"\nFixed rate: oha -q {args.rate} -c 8 -z {args.duration}s, {args.rounds} alternating rounds, medians\n")
-        print("| body | front | p50 / p99 (ms) | added p50 / p99 (ms) | success |")
-        print("|---|---|---|---|---|")
-        for size, med in fixed_rate:
+        rate_note = "half the baseline's saturated rps" if args.rate == "auto" else f"{args.rate} requests/s"
+        print(f"\nFixed rate ({rate_note}): oha -c 8 -z {args.duration}s, {args.rounds} alternating rounds, medians\n")
+        print("| body | rate (req/s) | front | p50 / p99 (ms) | added p50 / p99 (ms) | success |")
+        print("|---|---|---|---|---|---|")
+        for size, rate, med in fixed_rate:
             b = med["baseline"]
-            print(f"| {size:,} B | baseline (buffer filter) | {b[0]:.3f} / {b[1]:.3f} | — | {b[2]:.0%} |")
+            print(f"| {size:,} B | {rate:,} | baseline (buffer filter) | {b[0]:.3f} / {b[1]:.3f} | — | {b[2]:.0%} |")
             for name, (label, _) in list(fronts.items())[1:]:
                 c = med[name]
-                print(f"| {size:,} B | {label} | {c[0]:.3f} / {c[1]:.3f} | "
+                print(f"| {size:,} B | {rate:,} | {label} | {c[0]:.3f} / {c[1]:.3f} | "
                       f"{c[0] - b[0]:+.3f} / {c[1] - b[1]:+.3f} | {c[2]:.0%} |")
     else:
-        print("\n(oha not found: `cargo install oha` for the fixed-rate latency table)")
+        print("\n(oha not found: scripts/setup installs it, for the fixed-rate latency table)")
+    if args.floor:
+        print("\nCohort's own CPU per request over the read-body floor (CPU added by the front minus the floor's), µs:\n")
+        print("| body | " + " | ".join(label for name, (label, _) in fronts.items()
+                                       if name == "cohort" or name.startswith("compare-")) + " |")
+        print("|---|" + "---|" * sum(1 for n in fronts if n == "cohort" or n.startswith("compare-")))
+        for size, med in rows:
+            floor = med["floor-body"][3]
+            own = [f"{med[name][3] - floor:+.1f}" for name in fronts if name == "cohort" or name.startswith("compare-")]
+            print(f"| {size:,} B | " + " | ".join(own) + " |")
+    if args.tokenizer:
+        print("\nThe engine's own tokenizer on the same bodies: llama-server /tokenize (Gemma 3 270M) on the "
+              "messages' text, median round trip of 20 minus that of an empty text:\n")
+        print("| body | text bytes | tokens | tokenize (µs) | Cohort's CPU added (µs) |")
+        print("|---|---|---|---|---|")
+        for size, tokens, text_bytes, us in tokenizer_times([int(s) for s in args.sizes.split(",")], workdir):
+            cohort = next(med["cohort"][3] - med["baseline"][3] for body_size, med in rows if body_size == size)
+            print(f"| {size:,} B | {text_bytes:,} | {tokens:,} | {us:,.0f} | {cohort:+.1f} |")
     print("\ncohort filter stats:\n" + stats)
 
 
