@@ -8,7 +8,8 @@
 //!    on the fingerprint store (`Store::top_k_among`), or with `neighbour_search = "exact"`
 //!    a top-k scan of every fingerprint of the tenant; the replicas that served the most
 //!    similar of them vote for one (`neighbours::vote`), which the policy uses where the
-//!    cohort has no owner yet (reason `similar`). The recent members are the default:
+//!    cohort has no owner yet, to break ties after the expected cost (reason `similar`;
+//!    `policy/mod.rs`, rule 3). The recent members are the default:
 //!    their cost does not grow with the store (an exact scan of a million fingerprints
 //!    takes milliseconds on a CPU), and they say where similar requests went lately, which
 //!    is where a cache may still hold their prefix.
