@@ -116,11 +116,14 @@ impl Brain {
         let started = Instant::now();
         let (membership, probes) = read(&self.cohorts).locate(space, sketch, threshold, now_s);
         self.reads.count(Query::Cohorts, started);
-        let off = lock(&self.neighbours).per_cohort() == 0;
+        // One look at the lists: whether the search is on, and the recent members to rank.
+        let (off, keys) = {
+            let lists = lock(&self.neighbours);
+            (lists.per_cohort() == 0, lists.candidates(&probes))
+        };
         let hits = match self.neighbour_search {
             _ if off => Vec::new(),
             NeighbourSearch::Recent => {
-                let keys = lock(&self.neighbours).candidates(&probes);
                 if keys.is_empty() {
                     Vec::new()
                 } else {

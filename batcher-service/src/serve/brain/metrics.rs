@@ -84,25 +84,27 @@ impl Brain {
                 .map(|&q| (q.as_str().to_owned(), self.reads.queries(q) as f64))
                 .collect::<Vec<_>>(),
         );
-        let (centroid_scans, centroid_queries) = read(&self.cohorts).store().scans();
-        let (fingerprint_scans, fingerprint_queries) = self.store.scans();
+        let scans = [
+            ("centroids", read(&self.cohorts).store().scans()),
+            ("fingerprints", self.store.scans()),
+        ];
+        let per_store = |pick: fn((u64, u64)) -> u64| {
+            scans
+                .iter()
+                .map(|&(store, counts)| (store.to_owned(), pick(counts) as f64))
+                .collect::<Vec<_>>()
+        };
         scrape.labelled_counter(
             "cohort_store_scans_total",
             "Batched top-k scans run by each store: concurrent queries coalesce into one scan.",
             "store",
-            &[
-                ("centroids".to_owned(), centroid_scans as f64),
-                ("fingerprints".to_owned(), fingerprint_scans as f64),
-            ],
+            &per_store(|(scans, _)| scans),
         );
         scrape.labelled_counter(
             "cohort_store_scanned_queries_total",
             "Top-k queries those scans answered (queries / scans = the mean batch).",
             "store",
-            &[
-                ("centroids".to_owned(), centroid_queries as f64),
-                ("fingerprints".to_owned(), fingerprint_queries as f64),
-            ],
+            &per_store(|(_, queries)| queries),
         );
         scrape.labelled_counter(
             "cohort_store_query_seconds_total",

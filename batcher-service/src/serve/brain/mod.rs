@@ -645,6 +645,15 @@ mod tests {
                 "{metrics}"
             );
             assert!(metrics.contains("cohort_store_queries_total{query=\"cohorts\"} 1.0\n"));
+            // One caller at a time: every centroid query (3 Observes, 1 Assign) was its own
+            // scan.
+            assert!(
+                metrics.contains("cohort_store_scans_total{store=\"centroids\"} 4.0\n"),
+                "{metrics}"
+            );
+            assert!(
+                metrics.contains("cohort_store_scanned_queries_total{store=\"centroids\"} 4.0\n")
+            );
             // Another tenant's identical request finds no neighbours of its own.
             let other = assign(&brain, vec![98], sketch(1), "b");
             assert_ne!(other.reason, "similar");
