@@ -154,8 +154,11 @@ pub(crate) struct CanonicalBuilder {
     has_stable_context: bool,
     turns: usize,
     in_user_turn: bool,
+    /// Text of the user turn being built, and of the last finished one with text: two
+    /// buffers swapped at each user turn's end, so a long conversation allocates them once.
     user_text: String,
-    intent: Option<String>,
+    intent: String,
+    has_intent: bool,
 }
 
 impl CanonicalBuilder {
@@ -169,7 +172,8 @@ impl CanonicalBuilder {
             turns: 0,
             in_user_turn: false,
             user_text: String::new(),
-            intent: None,
+            intent: String::new(),
+            has_intent: false,
         };
         builder.segment(tag::MODEL, model.as_bytes());
         builder
@@ -183,7 +187,7 @@ impl CanonicalBuilder {
 
     /// A segment holding `value` as canonical JSON (keys sorted, so key order does not
     /// matter), without `cache_control` marks: a caching hint is not prompt content.
-    fn json_segment(&mut self, tag: u8, value: &Value) {
+    fn json_segment(&mut self, tag: u8, value: Value<'_>) {
         self.bytes.push(tag);
         let start = self.bytes.len();
         value.write_canonical_without(Some("cache_control"), &mut self.bytes);
@@ -203,7 +207,7 @@ impl CanonicalBuilder {
     }
 
     /// Tool definitions; only valid before the first turn.
-    pub fn tools(&mut self, tools: &Value) {
+    pub fn tools(&mut self, tools: Value<'_>) {
         debug_assert!(self.stable_len.is_none());
         if matches!(tools, Value::Array(items) if items.is_empty()) || tools.is_null() {
             return;
@@ -227,7 +231,8 @@ impl CanonicalBuilder {
 
     fn close_turn(&mut self) {
         if self.in_user_turn && !self.user_text.trim().is_empty() {
-            self.intent = Some(std::mem::take(&mut self.user_text));
+            std::mem::swap(&mut self.intent, &mut self.user_text);
+            self.has_intent = true;
         }
         self.user_text.clear();
         self.in_user_turn = false;
@@ -262,11 +267,11 @@ impl CanonicalBuilder {
         self.segment(tag::IMAGE, reference.as_bytes());
     }
 
-    pub fn document(&mut self, value: &Value) {
+    pub fn document(&mut self, value: Value<'_>) {
         self.json_segment(tag::DOCUMENT, value);
     }
 
-    pub fn tool_call(&mut self, name: &str, arguments: &Value) {
+    pub fn tool_call(&mut self, name: &str, arguments: Value<'_>) {
         let mut data = Vec::with_capacity(name.len() + 64);
         data.extend_from_slice(name.as_bytes());
         data.push(0);
@@ -292,7 +297,7 @@ impl CanonicalBuilder {
     }
 
     /// A part we do not interpret; its canonical JSON still shapes the prefix.
-    pub fn opaque(&mut self, value: &Value) {
+    pub fn opaque(&mut self, value: Value<'_>) {
         self.json_segment(tag::OPAQUE, value);
     }
 
@@ -311,7 +316,7 @@ impl CanonicalBuilder {
             stable_len: self.stable_len.unwrap_or(self.bytes.len()),
             bytes: self.bytes,
             has_stable_context: self.has_stable_context,
-            intent: self.intent,
+            intent: self.has_intent.then_some(self.intent),
         })
     }
 }
@@ -398,7 +403,7 @@ mod tests {
         b.begin_turn(Role::User);
         b.text("find flights to paris");
         b.begin_turn(Role::Assistant);
-        b.tool_call("search", &Value::Null);
+        b.tool_call("search", Value::Null);
         b.begin_turn(Role::User);
         b.tool_result("t1");
         let p = b.finish().unwrap();

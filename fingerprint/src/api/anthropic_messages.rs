@@ -14,7 +14,7 @@ use crate::json::{Object, Value};
 const API: Api = Api::AnthropicMessages;
 
 pub(super) fn parse(
-    object: &Object<'_>,
+    object: Object<'_>,
     size_hint: usize,
 ) -> Result<CanonicalPrompt, FingerprintError> {
     let mut builder = builder_for(object, API, size_hint)?;
@@ -40,9 +40,10 @@ pub(super) fn parse(
                 format!("a message is {}, not an object", message.kind()),
             ));
         };
-        let role = fields.get("role").and_then(Value::as_str).unwrap_or("");
+        let [role, content] = fields.pick(["role", "content"]);
+        let role = role.and_then(Value::as_str).unwrap_or("");
         builder.begin_turn(Role::from_name(role));
-        match fields.get("content") {
+        match content {
             None | Some(Value::Null) => {}
             Some(Value::String(text)) => builder.text(text),
             Some(Value::Array(blocks)) => {
@@ -61,7 +62,7 @@ pub(super) fn parse(
     builder.finish()
 }
 
-fn content_block(builder: &mut CanonicalBuilder, block: &Value<'_>) {
+fn content_block(builder: &mut CanonicalBuilder, block: Value<'_>) {
     match block.get("type").and_then(Value::as_str) {
         Some("text") => builder.text(block.get("text").and_then(Value::as_str).unwrap_or("")),
         Some("image") => {
@@ -79,7 +80,7 @@ fn content_block(builder: &mut CanonicalBuilder, block: &Value<'_>) {
         Some("document") => builder.document(block),
         Some("tool_use") => {
             let name = block.get("name").and_then(Value::as_str).unwrap_or("");
-            builder.tool_call(name, block.get("input").unwrap_or(&Value::Null));
+            builder.tool_call(name, block.get("input").unwrap_or(Value::Null));
         }
         Some("tool_result") => {
             let id = block

@@ -16,16 +16,17 @@ mod openai_responses;
 
 use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt};
 use crate::error::FingerprintError;
-use crate::json::{Object, Value};
+use crate::json::{Array, Object, Value};
 
 /// Parses a request body into its canonical prompt.
 ///
 /// `path` is the HTTP path (query string allowed) when known; it decides the shape.
 /// Without it the shape is guessed from the body's fields.
 pub fn parse_request(body: &[u8], path: Option<&str>) -> Result<CanonicalPrompt, FingerprintError> {
-    let value = crate::json::parse(body).map_err(|e| FingerprintError::InvalidJson {
+    let document = crate::json::parse(body).map_err(|e| FingerprintError::InvalidJson {
         message: e.to_string(),
     })?;
+    let value = document.root();
     let Value::Object(object) = value else {
         return Err(FingerprintError::UnknownShape {
             detail: format!("top-level JSON is {}, not an object", value.kind()),
@@ -33,14 +34,14 @@ pub fn parse_request(body: &[u8], path: Option<&str>) -> Result<CanonicalPrompt,
     };
     let api = match path.and_then(api_from_path) {
         Some(api) => api,
-        None => api_from_body(&object)?,
+        None => api_from_body(object)?,
     };
     let size_hint = body.len();
     match api {
-        Api::OpenAiChat => openai_chat::parse(&object, size_hint),
-        Api::OpenAiCompletions => openai_completions::parse(&object, size_hint),
-        Api::OpenAiResponses => openai_responses::parse(&object, size_hint),
-        Api::AnthropicMessages => anthropic_messages::parse(&object, size_hint),
+        Api::OpenAiChat => openai_chat::parse(object, size_hint),
+        Api::OpenAiCompletions => openai_completions::parse(object, size_hint),
+        Api::OpenAiResponses => openai_responses::parse(object, size_hint),
+        Api::AnthropicMessages => anthropic_messages::parse(object, size_hint),
     }
 }
 
@@ -66,7 +67,7 @@ pub const REQUEST_FIELDS: [&str; 4] = ["messages", "prompt", "input", "instructi
 
 /// Guesses the shape of a body with no path: `messages` is chat unless something only
 /// Anthropic has is present; `prompt` is completions; `input`/`instructions` is responses.
-fn api_from_body(object: &Object<'_>) -> Result<Api, FingerprintError> {
+fn api_from_body(object: Object<'_>) -> Result<Api, FingerprintError> {
     if let Some(messages) = object.get("messages") {
         let anthropic = object.contains_key("system")
             || object.contains_key("anthropic_version")
@@ -90,7 +91,7 @@ fn api_from_body(object: &Object<'_>) -> Result<Api, FingerprintError> {
     })
 }
 
-fn has_anthropic_block(message: &Value) -> bool {
+fn has_anthropic_block(message: Value<'_>) -> bool {
     let Some(blocks) = message.get("content").and_then(Value::as_array) else {
         return false;
     };
@@ -104,7 +105,7 @@ fn has_anthropic_block(message: &Value) -> bool {
 }
 
 /// The `model` field, or empty when absent (some engines serve one model and ignore it).
-pub(crate) fn model_of<'o>(object: &'o Object<'_>, api: Api) -> Result<&'o str, FingerprintError> {
+pub(crate) fn model_of<'d>(object: Object<'d>, api: Api) -> Result<&'d str, FingerprintError> {
     match object.get("model") {
         None | Some(Value::Null) => Ok(""),
         Some(Value::String(model)) => Ok(model),
@@ -116,11 +117,11 @@ pub(crate) fn model_of<'o>(object: &'o Object<'_>, api: Api) -> Result<&'o str, 
 }
 
 /// The array under `field`, `None` when absent or null, an error when another type.
-pub(crate) fn array_field<'o, 'j>(
-    object: &'o Object<'j>,
+pub(crate) fn array_field<'d>(
+    object: Object<'d>,
     field: &str,
     api: Api,
-) -> Result<Option<&'o [Value<'j>]>, FingerprintError> {
+) -> Result<Option<Array<'d>>, FingerprintError> {
     match object.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(items)) => Ok(Some(items)),
@@ -133,7 +134,7 @@ pub(crate) fn array_field<'o, 'j>(
 
 /// Builder for `api` with the model already written.
 pub(crate) fn builder_for(
-    object: &Object<'_>,
+    object: Object<'_>,
     api: Api,
     size_hint: usize,
 ) -> Result<CanonicalBuilder, FingerprintError> {
@@ -146,7 +147,7 @@ pub(crate) fn builder_for(
 
 /// Text of a value that is a string or an array of `{type: "text", text}` blocks
 /// (Anthropic `system`, tool results); `None` for other shapes.
-pub(crate) fn text_or_text_blocks(value: &Value<'_>) -> Option<String> {
+pub(crate) fn text_or_text_blocks(value: Value<'_>) -> Option<String> {
     match value {
         Value::String(text) => Some(text.to_string()),
         Value::Array(blocks) => {
@@ -186,10 +187,11 @@ mod tests {
     #[test]
     fn body_guesses_the_shape() {
         let guess = |body: &str| {
-            let Value::Object(o) = crate::json::parse(body.as_bytes()).unwrap() else {
+            let document = crate::json::parse(body.as_bytes()).unwrap();
+            let Value::Object(o) = document.root() else {
                 unreachable!()
             };
-            api_from_body(&o)
+            api_from_body(o)
         };
         assert_eq!(guess(r#"{"messages":[]}"#), Ok(Api::OpenAiChat));
         assert_eq!(

@@ -14,7 +14,7 @@ use crate::json::{Object, Value};
 const API: Api = Api::OpenAiChat;
 
 pub(super) fn parse(
-    object: &Object<'_>,
+    object: Object<'_>,
     size_hint: usize,
 ) -> Result<CanonicalPrompt, FingerprintError> {
     let mut builder = builder_for(object, API, size_hint)?;
@@ -38,7 +38,7 @@ pub(super) fn parse(
             )
         })
         .count();
-    for message in &messages[..leading_system] {
+    for message in messages.iter().take(leading_system) {
         builder.system(&content_text(message.get("content"))?);
     }
     for field in ["tools", "functions"] {
@@ -47,28 +47,36 @@ pub(super) fn parse(
         }
     }
 
-    for message in &messages[leading_system..] {
-        let role = Role::from_name(message.get("role").and_then(Value::as_str).unwrap_or(""));
+    for message in messages.iter().skip(leading_system) {
+        // Checked above: every message is an object.
+        let Some(fields) = message.as_object() else {
+            continue;
+        };
+        let [role, content_value, tool_calls, function_call, tool_call_id, name] = fields.pick([
+            "role",
+            "content",
+            "tool_calls",
+            "function_call",
+            "tool_call_id",
+            "name",
+        ]);
+        let role = Role::from_name(role.and_then(Value::as_str).unwrap_or(""));
         builder.begin_turn(role);
         if role == Role::Tool {
-            let id = message
-                .get("tool_call_id")
-                .or_else(|| message.get("name"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
+            let id = tool_call_id.or(name).and_then(Value::as_str).unwrap_or("");
             builder.tool_result(id);
         }
-        content(&mut builder, message.get("content"))?;
-        if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
+        content(&mut builder, content_value)?;
+        if let Some(calls) = tool_calls.and_then(Value::as_array) {
             for call in calls {
                 let function = call.get("function").unwrap_or(call);
                 let name = function.get("name").and_then(Value::as_str).unwrap_or("");
-                builder.tool_call(name, function.get("arguments").unwrap_or(&Value::Null));
+                builder.tool_call(name, function.get("arguments").unwrap_or(Value::Null));
             }
         }
-        if let Some(call) = message.get("function_call") {
+        if let Some(call) = function_call {
             let name = call.get("name").and_then(Value::as_str).unwrap_or("");
-            builder.tool_call(name, call.get("arguments").unwrap_or(&Value::Null));
+            builder.tool_call(name, call.get("arguments").unwrap_or(Value::Null));
         }
     }
     builder.finish()
@@ -77,7 +85,7 @@ pub(super) fn parse(
 /// Feeds a message's `content` (string, parts array or null) to the builder.
 fn content(
     builder: &mut CanonicalBuilder,
-    content: Option<&Value<'_>>,
+    content: Option<Value<'_>>,
 ) -> Result<(), FingerprintError> {
     match content {
         None | Some(Value::Null) => Ok(()),
@@ -112,7 +120,7 @@ fn content(
 }
 
 /// Text of a system message's content (string or text parts).
-fn content_text(content: Option<&Value<'_>>) -> Result<String, FingerprintError> {
+fn content_text(content: Option<Value<'_>>) -> Result<String, FingerprintError> {
     match content {
         None | Some(Value::Null) => Ok(String::new()),
         Some(value) => super::text_or_text_blocks(value).ok_or_else(|| {

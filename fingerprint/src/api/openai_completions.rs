@@ -8,12 +8,12 @@
 use super::builder_for;
 use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
-use crate::json::{Object, Value};
+use crate::json::{Array, Object, Value};
 
 const API: Api = Api::OpenAiCompletions;
 
 pub(super) fn parse(
-    object: &Object<'_>,
+    object: Object<'_>,
     size_hint: usize,
 ) -> Result<CanonicalPrompt, FingerprintError> {
     let mut builder = builder_for(object, API, size_hint)?;
@@ -54,14 +54,14 @@ pub(super) fn parse(
     builder.finish()
 }
 
-fn suffix(builder: &mut CanonicalBuilder, suffix: Option<&Value>) {
+fn suffix(builder: &mut CanonicalBuilder, suffix: Option<Value>) {
     if let Some(Value::String(text)) = suffix {
         builder.begin_turn(Role::Other);
         builder.text(text);
     }
 }
 
-fn token_ids(items: &[Value<'_>]) -> Result<Vec<u32>, FingerprintError> {
+fn token_ids(items: Array<'_>) -> Result<Vec<u32>, FingerprintError> {
     items
         .iter()
         .map(|v| {
@@ -74,7 +74,7 @@ fn token_ids(items: &[Value<'_>]) -> Result<Vec<u32>, FingerprintError> {
         .collect()
 }
 
-fn bad_prompt(value: &Value<'_>) -> FingerprintError {
+fn bad_prompt(value: Value<'_>) -> FingerprintError {
     FingerprintError::malformed(
         API.as_str(),
         format!("prompt is {}, not text or token ids", value.kind()),

@@ -10,12 +10,12 @@
 use super::{array_field, builder_for};
 use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
-use crate::json::{Object, Value};
+use crate::json::{Array, Object, Value};
 
 const API: Api = Api::OpenAiResponses;
 
 pub(super) fn parse(
-    object: &Object<'_>,
+    object: Object<'_>,
     size_hint: usize,
 ) -> Result<CanonicalPrompt, FingerprintError> {
     let mut builder = builder_for(object, API, size_hint)?;
@@ -30,16 +30,14 @@ pub(super) fn parse(
         }
     }
 
-    let (input_text, items): (Option<&str>, &[Value]) = match object.get("input") {
-        Some(Value::String(text)) => (Some(text), &[]),
-        _ => (None, array_field(object, "input", API)?.unwrap_or(&[])),
+    let (input_text, items) = match object.get("input") {
+        Some(Value::String(text)) => (Some(text), None),
+        _ => (None, array_field(object, "input", API)?),
     };
+    let items = || items.into_iter().flat_map(Array::iter);
 
-    let leading_system = items
-        .iter()
-        .take_while(|item| is_system_message(item))
-        .count();
-    for item in &items[..leading_system] {
+    let leading_system = items().take_while(|&item| is_system_message(item)).count();
+    for item in items().take(leading_system) {
         let text = item
             .get("content")
             .and_then(super::text_or_text_blocks)
@@ -55,7 +53,7 @@ pub(super) fn parse(
         builder.text(text);
     }
 
-    for item in &items[leading_system..] {
+    for item in items().skip(leading_system) {
         if !item.is_object() {
             return Err(FingerprintError::malformed(
                 API.as_str(),
@@ -71,7 +69,7 @@ pub(super) fn parse(
             Some("function_call") => {
                 builder.begin_turn(Role::Assistant);
                 let name = item.get("name").and_then(Value::as_str).unwrap_or("");
-                builder.tool_call(name, item.get("arguments").unwrap_or(&Value::Null));
+                builder.tool_call(name, item.get("arguments").unwrap_or(Value::Null));
             }
             Some("function_call_output") => {
                 builder.begin_turn(Role::Tool);
@@ -92,7 +90,7 @@ pub(super) fn parse(
     builder.finish()
 }
 
-fn is_system_message(item: &Value<'_>) -> bool {
+fn is_system_message(item: Value<'_>) -> bool {
     matches!(
         item.get("type").and_then(Value::as_str),
         None | Some("message")
@@ -102,7 +100,7 @@ fn is_system_message(item: &Value<'_>) -> bool {
     )
 }
 
-fn previous_response(builder: &mut CanonicalBuilder, object: &Object<'_>) {
+fn previous_response(builder: &mut CanonicalBuilder, object: Object<'_>) {
     if let Some(Value::String(id)) = object.get("previous_response_id") {
         builder.context(id);
     }
@@ -110,7 +108,7 @@ fn previous_response(builder: &mut CanonicalBuilder, object: &Object<'_>) {
 
 fn content(
     builder: &mut CanonicalBuilder,
-    content: Option<&Value<'_>>,
+    content: Option<Value<'_>>,
 ) -> Result<(), FingerprintError> {
     match content {
         None | Some(Value::Null) => {}
