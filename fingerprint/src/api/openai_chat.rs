@@ -20,15 +20,6 @@ pub(super) fn parse(
     let mut builder = builder_for(object, API, size_hint)?;
     let messages = array_field(object, "messages", API)?
         .ok_or_else(|| FingerprintError::malformed(API.as_str(), "messages is missing"))?;
-    for message in messages {
-        if !message.is_object() {
-            return Err(FingerprintError::malformed(
-                API.as_str(),
-                format!("a message is {}, not an object", message.kind()),
-            ));
-        }
-    }
-
     let leading_system = messages
         .iter()
         .take_while(|m| {
@@ -48,9 +39,11 @@ pub(super) fn parse(
     }
 
     for message in messages.iter().skip(leading_system) {
-        // Checked above: every message is an object.
         let Some(fields) = message.as_object() else {
-            continue;
+            return Err(FingerprintError::malformed(
+                API.as_str(),
+                format!("a message is {}, not an object", message.kind()),
+            ));
         };
         let [role, content_value, tool_calls, function_call, tool_call_id, name] = fields.pick([
             "role",
