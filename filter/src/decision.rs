@@ -264,6 +264,9 @@ pub fn route_body_with(
         salt: TenantSalt::new(config.salt_secret.as_bytes(), plan.tenant.as_deref()),
         semantic_mode: plan.knobs.knobs.semantic_mode,
         max_body_bytes: config.body_limit_bytes,
+        // The block chain only travels to a batcher (shard choice, Observe, Assign); with
+        // none configured, the conversation is neither written out nor hashed.
+        block_hashes: !config.batcher_clusters.is_empty(),
     };
     let fp = fingerprint_with(&request, intent_sketch).map_err(|e| e.bypass_reason())?;
     let names = &config.headers;
@@ -417,6 +420,24 @@ mod tests {
         assert_eq!(routing.headers[2].1.len(), 43);
         assert_eq!(routing.headers[3].1, "2");
         assert_eq!(route_body(&config, &plan, b"{oops"), Err("invalid_json"));
+    }
+
+    #[test]
+    fn the_block_chain_is_computed_only_for_a_batcher() {
+        let body = br#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"refund order 12"}]}"#;
+        let alone = FilterConfig::default();
+        let plan = plan(inspect_headers(&alone, &headers(&[]), None));
+        let without = route_body(&alone, &plan, body).unwrap();
+        assert!(without.fingerprint.prefix_blocks.is_empty());
+        let with_batcher = FilterConfig {
+            batcher_clusters: vec!["cohort-batcher".into()],
+            ..FilterConfig::default()
+        };
+        let with = route_body(&with_batcher, &plan, body).unwrap();
+        assert!(!with.fingerprint.prefix_blocks.is_empty());
+        assert!(with.fingerprint.prompt_bytes > 0);
+        // The routing headers do not depend on it.
+        assert_eq!(with.headers, without.headers);
     }
 
     #[test]

@@ -49,6 +49,27 @@ fn push_escaped(out: &mut Vec<u8>, data: &[u8]) {
     }
 }
 
+/// How much of the canonical prompt a builder writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Extent {
+    /// Every segment: what the prefix block hashes are computed over.
+    #[default]
+    Whole,
+    /// The stable prefix (model, system, tools) only. The turns are still walked, checked
+    /// and read for the intent text, but not written: for a caller that wants no block
+    /// hashes (the filter with no batcher to send them to), which saves copying, escaping
+    /// and hashing the conversation.
+    StablePrefix,
+}
+
+/// What a parser hands its builder: the body's size (the canonical prompt is about as
+/// long) and the [`Extent`] to write.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BuilderOptions {
+    pub size_hint: usize,
+    pub extent: Extent,
+}
+
 /// The API shape a body was parsed as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Api {
@@ -124,7 +145,8 @@ pub struct CanonicalPrompt {
 }
 
 impl CanonicalPrompt {
-    /// The whole canonical byte string.
+    /// The whole canonical byte string (the stable prefix alone when built with
+    /// [`Extent::StablePrefix`]).
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
     }
@@ -148,6 +170,7 @@ impl CanonicalPrompt {
 /// Builds a [`CanonicalPrompt`]; the API parsers drive it.
 pub(crate) struct CanonicalBuilder {
     api: Api,
+    extent: Extent,
     model: String,
     bytes: Vec<u8>,
     stable_len: Option<usize>,
@@ -162,11 +185,16 @@ pub(crate) struct CanonicalBuilder {
 }
 
 impl CanonicalBuilder {
-    pub fn new(api: Api, model: &str, size_hint: usize) -> Self {
+    pub fn new(api: Api, model: &str, options: BuilderOptions) -> Self {
+        let capacity = match options.extent {
+            Extent::Whole => options.size_hint + 64,
+            Extent::StablePrefix => options.size_hint.min(1024),
+        };
         let mut builder = CanonicalBuilder {
             api,
+            extent: options.extent,
             model: model.to_owned(),
-            bytes: Vec::with_capacity(size_hint + 64),
+            bytes: Vec::with_capacity(capacity),
             stable_len: None,
             has_stable_context: false,
             turns: 0,
@@ -179,7 +207,15 @@ impl CanonicalBuilder {
         builder
     }
 
+    /// False once the stable prefix is complete, when only that is written.
+    fn writing(&self) -> bool {
+        self.extent == Extent::Whole || self.stable_len.is_none()
+    }
+
     fn segment(&mut self, tag: u8, data: &[u8]) {
+        if !self.writing() {
+            return;
+        }
         self.bytes.push(tag);
         push_escaped(&mut self.bytes, data);
         self.bytes.extend_from_slice(&SEGMENT_END);
@@ -188,6 +224,9 @@ impl CanonicalBuilder {
     /// A segment holding `value` as canonical JSON (keys sorted, so key order does not
     /// matter), without `cache_control` marks: a caching hint is not prompt content.
     fn json_segment(&mut self, tag: u8, value: Value<'_>) {
+        if !self.writing() {
+            return;
+        }
         self.bytes.push(tag);
         let start = self.bytes.len();
         value.write_canonical_without(Some("cache_control"), &mut self.bytes);
@@ -242,8 +281,10 @@ impl CanonicalBuilder {
         self.end_stable_prefix();
         self.close_turn();
         self.turns += 1;
-        self.bytes.push(tag::TURN);
-        self.bytes.push(role as u8);
+        if self.writing() {
+            self.bytes.push(tag::TURN);
+            self.bytes.push(role as u8);
+        }
         self.in_user_turn = role == Role::User;
     }
 
@@ -272,6 +313,9 @@ impl CanonicalBuilder {
     }
 
     pub fn tool_call(&mut self, name: &str, arguments: Value<'_>) {
+        if !self.writing() {
+            return;
+        }
         let mut data = Vec::with_capacity(name.len() + 64);
         data.extend_from_slice(name.as_bytes());
         data.push(0);
@@ -289,6 +333,9 @@ impl CanonicalBuilder {
     }
 
     pub fn tokens(&mut self, ids: &[u32]) {
+        if !self.writing() {
+            return;
+        }
         let mut data = Vec::with_capacity(ids.len() * 4);
         for id in ids {
             data.extend_from_slice(&id.to_le_bytes());
@@ -325,8 +372,51 @@ impl CanonicalBuilder {
 mod tests {
     use super::*;
 
+    const WHOLE: BuilderOptions = BuilderOptions {
+        size_hint: 0,
+        extent: Extent::Whole,
+    };
+
+    #[test]
+    fn the_stable_prefix_extent_writes_the_stable_prefix_and_reads_the_intent() {
+        let build = |extent| {
+            let mut b = CanonicalBuilder::new(
+                Api::OpenAiChat,
+                "m",
+                BuilderOptions {
+                    size_hint: 0,
+                    extent,
+                },
+            );
+            b.system("be brief");
+            b.begin_turn(Role::User);
+            b.text("hello");
+            b.begin_turn(Role::Assistant);
+            b.tool_call("search", Value::Null);
+            b.tokens(&[1, 2]);
+            b.begin_turn(Role::User);
+            b.text("where is my card?");
+            b.finish().unwrap()
+        };
+        let (whole, stable) = (build(Extent::Whole), build(Extent::StablePrefix));
+        assert_eq!(stable.bytes(), whole.stable_prefix());
+        assert_eq!(stable.stable_prefix(), whole.stable_prefix());
+        assert!(whole.bytes().len() > whole.stable_prefix().len());
+        assert_eq!(stable.last_user_text(), Some("where is my card?"));
+        assert_eq!(stable.has_stable_context(), whole.has_stable_context());
+        let empty = CanonicalBuilder::new(
+            Api::OpenAiChat,
+            "m",
+            BuilderOptions {
+                size_hint: 0,
+                extent: Extent::StablePrefix,
+            },
+        );
+        assert!(empty.finish().is_err(), "still no prompt without turns");
+    }
+
     fn two_turns(second: &str) -> CanonicalPrompt {
-        let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
+        let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", WHOLE);
         b.system("be brief");
         b.begin_turn(Role::User);
         b.text("hello");
@@ -337,7 +427,7 @@ mod tests {
 
     #[test]
     fn appending_a_turn_only_appends_bytes() {
-        let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
+        let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", WHOLE);
         b.system("be brief");
         b.begin_turn(Role::User);
         b.text("hello");
@@ -350,7 +440,7 @@ mod tests {
     #[test]
     fn texts_sharing_a_beginning_share_canonical_bytes_beyond_it() {
         let build = |text: &str| {
-            let mut b = CanonicalBuilder::new(Api::OpenAiCompletions, "m", 0);
+            let mut b = CanonicalBuilder::new(Api::OpenAiCompletions, "m", WHOLE);
             b.begin_turn(Role::User);
             b.text(text);
             b.finish().unwrap()
@@ -371,10 +461,10 @@ mod tests {
 
     #[test]
     fn zero_bytes_are_escaped_so_segments_stay_apart() {
-        let mut a = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
+        let mut a = CanonicalBuilder::new(Api::OpenAiChat, "m", WHOLE);
         a.begin_turn(Role::User);
         a.text("x\0\0y");
-        let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
+        let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", WHOLE);
         b.begin_turn(Role::User);
         b.text("x");
         b.text("y");
@@ -387,7 +477,7 @@ mod tests {
     #[test]
     fn segment_boundaries_keep_parts_apart() {
         let a = two_turns("ab");
-        let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
+        let mut b = CanonicalBuilder::new(Api::OpenAiChat, "m", WHOLE);
         b.system("be brief");
         b.begin_turn(Role::User);
         b.text("hello");
@@ -399,7 +489,7 @@ mod tests {
 
     #[test]
     fn intent_is_last_user_turn_with_text() {
-        let mut b = CanonicalBuilder::new(Api::AnthropicMessages, "m", 0);
+        let mut b = CanonicalBuilder::new(Api::AnthropicMessages, "m", WHOLE);
         b.begin_turn(Role::User);
         b.text("find flights to paris");
         b.begin_turn(Role::Assistant);
@@ -413,7 +503,7 @@ mod tests {
 
     #[test]
     fn no_turns_and_no_system_is_an_empty_prompt() {
-        let b = CanonicalBuilder::new(Api::OpenAiChat, "m", 0);
+        let b = CanonicalBuilder::new(Api::OpenAiChat, "m", WHOLE);
         assert_eq!(b.finish().unwrap_err().bypass_reason(), "empty_prompt");
     }
 }

@@ -39,7 +39,7 @@ mod test_text;
 pub mod word;
 pub mod wordpiece;
 
-pub use canonical::{Api, CanonicalPrompt};
+pub use canonical::{Api, CanonicalPrompt, Extent};
 pub use error::FingerprintError;
 pub use key::{Anchor, RoutingKey, TenantSalt};
 pub use knobs::{Knobs, ParsedKnobs, RawKnobs};
@@ -62,6 +62,10 @@ pub struct Request<'a> {
     pub salt: TenantSalt,
     pub semantic_mode: SemanticMode,
     pub max_body_bytes: usize,
+    /// Compute the prefix block chain ([`Fingerprint::prefix_blocks`]). Off, the
+    /// conversation is not written or hashed: the blocks come back empty and
+    /// `prompt_bytes` 0, and everything else is the same.
+    pub block_hashes: bool,
 }
 
 impl<'a> Request<'a> {
@@ -75,6 +79,7 @@ impl<'a> Request<'a> {
             salt: TenantSalt::default(),
             semantic_mode: SemanticMode::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            block_hashes: true,
         }
     }
 }
@@ -116,9 +121,10 @@ pub struct Fingerprint {
     pub stable_prefix: u64,
     /// True when the request has a system prompt or tools.
     pub has_stable_context: bool,
-    /// Chained hashes of [`prefix::BLOCK_BYTES`] blocks of the canonical prompt.
+    /// Chained hashes of [`prefix::BLOCK_BYTES`] blocks of the canonical prompt (empty
+    /// when [`Request::block_hashes`] is off).
     pub prefix_blocks: Vec<u64>,
-    /// Length of the canonical prompt in bytes.
+    /// Length of the canonical prompt in bytes (0 when [`Request::block_hashes`] is off).
     pub prompt_bytes: usize,
     pub intent: IntentSketch,
     pub semantic_mode: SemanticMode,
@@ -147,10 +153,21 @@ pub fn fingerprint_with(
             limit: request.max_body_bytes,
         });
     }
-    let prompt = api::parse_request(request.body, request.path)?;
+    let extent = if request.block_hashes {
+        Extent::Whole
+    } else {
+        Extent::StablePrefix
+    };
+    let prompt = api::parse_request_to(request.body, request.path, extent)?;
     let salt = request.salt.0;
     let stable_prefix = prefix::stable_prefix_hash(prompt.stable_prefix(), salt);
-    let prefix_blocks = prefix::block_hashes(prompt.bytes(), salt);
+    let (prefix_blocks, prompt_bytes) = match extent {
+        Extent::Whole => (
+            prefix::block_hashes(prompt.bytes(), salt),
+            prompt.bytes().len(),
+        ),
+        Extent::StablePrefix => (Vec::new(), 0),
+    };
     let intent_text = request
         .original_query
         .or(prompt.last_user_text())
@@ -166,7 +183,7 @@ pub fn fingerprint_with(
         stable_prefix,
         has_stable_context: prompt.has_stable_context(),
         prefix_blocks,
-        prompt_bytes: prompt.bytes().len(),
+        prompt_bytes,
         routing_key: RoutingKey::new(request.salt, anchor, request.app_routing_key),
         cohort: request.salt.cohort(intent.cohort()),
         anchor,

@@ -7,7 +7,7 @@
 //! change the prompt and are left out (see `canonical`).
 
 use super::{array_field, builder_for};
-use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
+use crate::canonical::{Api, BuilderOptions, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
 use crate::json::{Object, Value};
 
@@ -15,9 +15,9 @@ const API: Api = Api::AnthropicMessages;
 
 pub(super) fn parse(
     object: Object<'_>,
-    size_hint: usize,
+    options: BuilderOptions,
 ) -> Result<CanonicalPrompt, FingerprintError> {
-    let mut builder = builder_for(object, API, size_hint)?;
+    let mut builder = builder_for(object, API, options)?;
     match object.get("system") {
         None | Some(Value::Null) => {}
         Some(system) => {

@@ -14,7 +14,7 @@ mod openai_chat;
 mod openai_completions;
 mod openai_responses;
 
-use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt};
+use crate::canonical::{Api, BuilderOptions, CanonicalBuilder, CanonicalPrompt, Extent};
 use crate::error::FingerprintError;
 use crate::json::{Array, Object, Value};
 
@@ -23,6 +23,16 @@ use crate::json::{Array, Object, Value};
 /// `path` is the HTTP path (query string allowed) when known; it decides the shape.
 /// Without it the shape is guessed from the body's fields.
 pub fn parse_request(body: &[u8], path: Option<&str>) -> Result<CanonicalPrompt, FingerprintError> {
+    parse_request_to(body, path, Extent::Whole)
+}
+
+/// [`parse_request`] writing only `extent` of the canonical prompt (every check and the
+/// intent text are the same).
+pub fn parse_request_to(
+    body: &[u8],
+    path: Option<&str>,
+    extent: Extent,
+) -> Result<CanonicalPrompt, FingerprintError> {
     let document = crate::json::parse(body).map_err(|e| FingerprintError::InvalidJson {
         message: e.to_string(),
     })?;
@@ -36,12 +46,15 @@ pub fn parse_request(body: &[u8], path: Option<&str>) -> Result<CanonicalPrompt,
         Some(api) => api,
         None => api_from_body(object)?,
     };
-    let size_hint = body.len();
+    let options = BuilderOptions {
+        size_hint: body.len(),
+        extent,
+    };
     match api {
-        Api::OpenAiChat => openai_chat::parse(object, size_hint),
-        Api::OpenAiCompletions => openai_completions::parse(object, size_hint),
-        Api::OpenAiResponses => openai_responses::parse(object, size_hint),
-        Api::AnthropicMessages => anthropic_messages::parse(object, size_hint),
+        Api::OpenAiChat => openai_chat::parse(object, options),
+        Api::OpenAiCompletions => openai_completions::parse(object, options),
+        Api::OpenAiResponses => openai_responses::parse(object, options),
+        Api::AnthropicMessages => anthropic_messages::parse(object, options),
     }
 }
 
@@ -136,13 +149,9 @@ pub(crate) fn array_field<'d>(
 pub(crate) fn builder_for(
     object: Object<'_>,
     api: Api,
-    size_hint: usize,
+    options: BuilderOptions,
 ) -> Result<CanonicalBuilder, FingerprintError> {
-    Ok(CanonicalBuilder::new(
-        api,
-        model_of(object, api)?,
-        size_hint,
-    ))
+    Ok(CanonicalBuilder::new(api, model_of(object, api)?, options))
 }
 
 /// Text of a value that is a string or an array of `{type: "text", text}` blocks

@@ -6,7 +6,7 @@
 //! stable prefix is the model alone.
 
 use super::builder_for;
-use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
+use crate::canonical::{Api, BuilderOptions, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
 use crate::json::{Array, Object, Value};
 
@@ -14,9 +14,9 @@ const API: Api = Api::OpenAiCompletions;
 
 pub(super) fn parse(
     object: Object<'_>,
-    size_hint: usize,
+    options: BuilderOptions,
 ) -> Result<CanonicalPrompt, FingerprintError> {
-    let mut builder = builder_for(object, API, size_hint)?;
+    let mut builder = builder_for(object, API, options)?;
     match object.get("prompt") {
         Some(Value::String(text)) => {
             if text.is_empty() {

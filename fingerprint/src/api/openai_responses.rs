@@ -8,7 +8,7 @@
 //! `function_call_output`; other item types are kept opaque.
 
 use super::{array_field, builder_for};
-use crate::canonical::{Api, CanonicalBuilder, CanonicalPrompt, Role};
+use crate::canonical::{Api, BuilderOptions, CanonicalBuilder, CanonicalPrompt, Role};
 use crate::error::FingerprintError;
 use crate::json::{Array, Object, Value};
 
@@ -16,9 +16,9 @@ const API: Api = Api::OpenAiResponses;
 
 pub(super) fn parse(
     object: Object<'_>,
-    size_hint: usize,
+    options: BuilderOptions,
 ) -> Result<CanonicalPrompt, FingerprintError> {
-    let mut builder = builder_for(object, API, size_hint)?;
+    let mut builder = builder_for(object, API, options)?;
     match object.get("instructions") {
         None | Some(Value::Null) => {}
         Some(Value::String(text)) => builder.system(text),

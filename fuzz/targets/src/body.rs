@@ -41,6 +41,19 @@ pub fn body(data: &[u8]) {
     };
     let result = fingerprint(&request);
     assert_eq!(result, fingerprint(&request), "the core is deterministic");
+    let without_blocks = fingerprint(&Request {
+        block_hashes: false,
+        ..request
+    });
+    let expected = result.clone().map(|fp| Fingerprint {
+        prefix_blocks: Vec::new(),
+        prompt_bytes: 0,
+        ..fp
+    });
+    assert_eq!(
+        without_blocks, expected,
+        "skipping the block chain changes nothing else"
+    );
     match &result {
         Ok(fp) => assert_fingerprint(fp, tenant),
         Err(error) => assert!(
