@@ -26,7 +26,7 @@ what the filter adds per request.
 
   bench/filter_overhead.py [--duration 10] [--rounds 3] [--connections 16] [--rate auto|N]
                            [--sizes 2048,32768] [--compare-wasm OLD.wasm ...] [--floor]
-                           [--tokenizer]
+                           [--floor-extra CONFIG ...] [--perf] [--tokenizer]
 
 --compare-wasm adds a front with another build of the filter (e.g. the main branch's,
 copied aside before rebuilding), measured in the same alternating rounds: rows "before";
@@ -35,7 +35,15 @@ repeat it to compare several builds (rows named after the files).
 proxy-wasm filter can do: "wasm floor: no-op" (buffer filter + a wasm filter that only
 answers Continue) and "wasm floor: read body" (pause, read the buffered body, write one
 header, clear the route cache). They show what any wasm filter costs in this Envoy, apart
-from Cohort's own work.
+from Cohort's own work. --floor-extra CONFIG adds a floor front with another plugin
+configuration, e.g. `body+clock:20` or `body+header:10` (the read-body floor and 20 clock
+reads, or 10 more header writes): its CPU over "read body" prices one call out of the VM.
+
+With --perf, after the rounds each front serves one more wrk run under `perf record` (as
+scripts/setup installs it), and a table splits its CPU per request by where it ran: the
+wasm code V8 compiled (perf's `[JIT]`), Envoy's own code (with V8's runtime: the calls in and
+out of the VM are there), the kernel and libc. Envoy's V8 takes no flags, so it writes no
+perf map and the wasm functions have no names here (bench/wasm-profile names them, in node).
 
 Needs scripts/setup (Envoy, wrk, oha, the filter, and llama-server for --tokenizer).
 Prints markdown tables.
@@ -206,6 +214,34 @@ def run_wrk(port, body_file, args, pid):
     return rps, lat["50"], lat["99"], cpu / 1e3 / max(requests, 1), errors
 
 
+PERF_PARTS = ["jit", "envoy", "kernel", "other"]
+
+
+def perf_split(port, body_file, args, pid, workdir):
+    """(CPU µs per request, {part: µs per request}) of one wrk run under perf record, the
+    samples split by DSO into PERF_PARTS."""
+    data = os.path.join(workdir, f"perf-{pid}.data")
+    perf = subprocess.Popen(["perf", "record", "-F", "2999", "-o", data, "-p", str(pid)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    total = run_wrk(port, body_file, args, pid)[3]
+    perf.send_signal(signal.SIGINT)
+    perf.wait(timeout=30)
+    report = subprocess.run(["perf", "report", "-i", data, "--stdio", "--sort", "dso"],
+                            capture_output=True, text=True).stdout
+    shares = {part: 0.0 for part in PERF_PARTS}
+    for line in report.splitlines():
+        match = re.match(r"\s*([\d.]+)%\s+(.+?)\s*$", line)
+        if not match:
+            continue
+        share, dso = float(match.group(1)) / 100, match.group(2)
+        part = ("jit" if dso.startswith("[JIT]") else "envoy" if dso == "envoy"
+                else "kernel" if dso.startswith("[kernel") else "other")
+        shares[part] += share
+    os.remove(data)
+    return total, {part: share * total for part, share in shares.items()}
+
+
 def oha_binary():
     candidates = [os.path.join(ROOT, ".cohort/bin/oha"), os.path.expanduser("~/.cargo/bin/oha")]
     return shutil.which("oha") or next((p for p in candidates if os.path.exists(p)), None)
@@ -284,9 +320,15 @@ def main():
     parser.add_argument("--compare-wasm", action="append", default=[], metavar="WASM",
                         help="another filter build, measured as one more front (repeatable)")
     parser.add_argument("--floor", action="store_true", help="add the two wasm-floor fronts")
+    parser.add_argument("--floor-extra", action="append", default=[], metavar="CONFIG",
+                        help="a wasm-floor front with this plugin configuration (repeatable), e.g. body+clock:20")
+    parser.add_argument("--perf", action="store_true",
+                        help="split each front's CPU per request by DSO with perf record")
     parser.add_argument("--sizes", default="2048,32768", help="chat body sizes, bytes (comma-separated)")
     args = parser.parse_args()
-    for need in [ENVOY, FILTER] + [FLOOR] * args.floor + args.compare_wasm:
+    if args.perf and not shutil.which("perf"):
+        sys.exit("perf missing: scripts/setup installs linux-perf")
+    for need in [ENVOY, FILTER] + [FLOOR] * bool(args.floor or args.floor_extra) + args.compare_wasm:
         if not os.path.exists(need):
             sys.exit(f"{need} missing: run scripts/setup")
 
@@ -301,6 +343,8 @@ def main():
     if args.floor:
         fronts["floor-noop"] = ("wasm floor: no-op", BUFFER + COHORT.format(wasm=FLOOR, plugin="noop"))
         fronts["floor-body"] = ("wasm floor: read body", COHORT.format(wasm=FLOOR, plugin="body"))
+    for i, config in enumerate(args.floor_extra):
+        fronts[f"floor-extra-{i}"] = (f"wasm floor: {config}", COHORT.format(wasm=FLOOR, plugin=config))
     ports = {name: (free_port(), free_port()) for name in ["upstream", *fronts]}
     upstream_port = ports["upstream"][1]
     direct = 'direct_response: { status: 200, body: { inline_string: "{\\"ok\\":true}" } }'
@@ -314,7 +358,7 @@ def main():
     try:
         for admin, _ in ports.values():
             wait_ready(admin)
-        rows, fixed_rate = [], []
+        rows, fixed_rate, perf_rows = [], [], []
         oha = oha_binary()
         for size in [int(s) for s in args.sizes.split(",")]:
             body = chat_body(size)
@@ -336,6 +380,9 @@ def main():
                         latencies[name].append(run_oha(oha, ports[name][1], body_file, args, rate))
                 fixed_rate.append((len(body), rate, {name: [statistics.median(r[i] for r in runs) for i in range(2)]
                                                      + [min(r[2] for r in runs)] for name, runs in latencies.items()}))
+            if args.perf:
+                perf_rows.append((len(body), {name: perf_split(ports[name][1], body_file, args, procs[name].pid, workdir)
+                                              for name in fronts}))
         stats = urllib.request.urlopen(f"http://127.0.0.1:{ports['cohort'][0]}/stats?filter=cohort_(fingerprinted_total|bypass_total|fingerprint_us|sketch_us)").read().decode()
     finally:
         for proc in procs.values():
@@ -379,6 +426,14 @@ def main():
             floor = med["floor-body"][3]
             own = [f"{med[name][3] - floor:+.1f}" for name in fronts if name == "cohort" or name.startswith("compare-")]
             print(f"| {size:,} B | " + " | ".join(own) + " |")
+    if perf_rows:
+        print("\nWhere each front's CPU per request runs (one more wrk run under perf record -F 2999), µs:\n")
+        print("| body | front | total | wasm (V8 JIT) | Envoy and V8 runtime | kernel | libc and other |")
+        print("|---|---|---|---|---|---|---|")
+        for size, split in perf_rows:
+            for name, (label, _) in fronts.items():
+                total, parts = split[name]
+                print(f"| {size:,} B | {label} | {total:.1f} | " + " | ".join(f"{parts[k]:.1f}" for k in PERF_PARTS) + " |")
     if args.tokenizer:
         print("\nThe engine's own tokenizer on the same bodies: llama-server /tokenize (Gemma 3 270M) on the "
               "messages' text, median round trip of 20 minus that of an empty text:\n")

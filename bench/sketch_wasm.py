@@ -57,7 +57,7 @@ def main():
                                                          filters="", upstream=up_port)),
         start_envoy(workdir, "cohort", TEMPLATE.format(
             admin=admin, port=port, route=hashed, upstream=up_port,
-            filters=COHORT.format(wasm=os.path.abspath(args.wasm), plugin='{"mode": "affinity"}'))),
+            filters=COHORT.format(wasm=os.path.abspath(args.wasm), plugin='{"mode": "affinity", "histogram_sample_every": 1}'))),
     ]
     try:
         wait_ready(up_admin)

@@ -235,15 +235,20 @@ impl CohortHttp {
             self.bypass_planned(&plan, reason::NO_BODY);
             return Action::Continue;
         };
+        // Timed only when sampled: a clock read is a call out of the VM.
+        let timed = shared.stats.is_some() && shared.histogram_sampler.take();
         let mut sketch_us = 0;
-        let started = self.get_current_time();
+        let started = timed.then(|| self.get_current_time());
         let routed = decision::route_body_with(config, &plan, &body, |text, mode| {
+            if !timed {
+                return IntentSketch::of_text(text, mode);
+            }
             let sketch_started = self.get_current_time();
             let intent = IntentSketch::of_text(text, mode);
             sketch_us = self.elapsed_us(sketch_started);
             intent
         });
-        let fingerprint_us = self.elapsed_us(started);
+        let fingerprint_us = started.map(|started| self.elapsed_us(started));
         let routing = match routed {
             Ok(routing) => routing,
             Err(reason) => {
@@ -254,9 +259,11 @@ impl CohortHttp {
         self.write_headers(&routing.headers);
         if let Some(stats) = &shared.stats {
             stats.inc(stats.fingerprinted);
-            stats.record(stats.fingerprint_us, fingerprint_us);
-            stats.record(stats.sketch_us, sketch_us);
-            stats.record(stats.body_bytes, body.len() as u64);
+            if let Some(fingerprint_us) = fingerprint_us {
+                stats.record(stats.fingerprint_us, fingerprint_us);
+                stats.record(stats.sketch_us, sketch_us);
+                stats.record(stats.body_bytes, body.len() as u64);
+            }
         }
         let shard_index = batcher::shard_index(config, &routing.fingerprint);
         if let (Mode::Assign | Mode::Batch, Some(index)) = (config.mode, shard_index) {

@@ -18,7 +18,7 @@ use crate::batcher::{Closed, Flush, Outbox};
 use crate::breaker::{self, Breaker, Window};
 use crate::config::FilterConfig;
 use crate::http::CohortHttp;
-use crate::stats::Stats;
+use crate::stats::{Sampler, Stats};
 use cohort_proto as pb;
 use log::{error, info, warn};
 use proxy_wasm::hostcalls;
@@ -55,6 +55,8 @@ pub struct Shared {
     pub config: Result<FilterConfig, String>,
     /// `None` only if the host refused to define metrics; requests still flow.
     pub stats: Option<Stats>,
+    /// Which fingerprinted requests are timed for the histograms.
+    pub histogram_sampler: Sampler,
     /// Observations waiting for the root context to send them, per batcher shard.
     pub outbox: RefCell<Outbox>,
     pub breaker: RefCell<BreakerLocal>,
@@ -76,6 +78,7 @@ impl Default for CohortRoot {
             shared: Rc::new(Shared {
                 config: Err("not configured yet".into()),
                 stats: None,
+                histogram_sampler: Sampler::new(1),
                 outbox: RefCell::new(Outbox::new(0)),
                 breaker: RefCell::new(BreakerLocal::default()),
             }),
@@ -270,9 +273,11 @@ impl RootContext for CohortRoot {
             key: format!("cohort.breaker.{plugin}"),
             ..BreakerLocal::default()
         };
+        let sample_every = config.as_ref().map_or(1, |c| c.histogram_sample_every);
         self.shared = Rc::new(Shared {
             config,
             stats,
+            histogram_sampler: Sampler::new(sample_every),
             outbox: RefCell::new(Outbox::new(shards)),
             breaker: RefCell::new(breaker),
         });

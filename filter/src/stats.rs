@@ -12,9 +12,9 @@
 //! | `cohort_invalid_knob_total` | counter | knob headers malformed or out of range |
 //! | `cohort_invalid_knob_<knob>_total` | counter | per knob |
 //! | `cohort_spoofed_header_removed_total` | counter | client-set reserved headers removed |
-//! | `cohort_fingerprint_us` | histogram | time to fingerprint a body, µs |
-//! | `cohort_sketch_us` | histogram | of which the intent sketch (normalise, mask, sketch the intent text), µs |
-//! | `cohort_body_bytes` | histogram | fingerprinted body size, bytes |
+//! | `cohort_fingerprint_us` | histogram | time to fingerprint a body, µs (sampled) |
+//! | `cohort_sketch_us` | histogram | of which the intent sketch (normalise, mask, sketch the intent text), µs (sampled) |
+//! | `cohort_body_bytes` | histogram | fingerprinted body size, bytes (sampled) |
 //! | `cohort_assign_ok_total` | counter | Assign calls answered: the request went where the batcher said |
 //! | `cohort_assign_timeout_total` | counter | Assign calls past the deadline (routed by key instead) |
 //! | `cohort_assign_error_total` | counter | Assign calls that failed otherwise, or an unusable reply (routed by key) |
@@ -32,7 +32,35 @@
 use cohort_fingerprint::knobs::{InvalidKnob, KnobName};
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
 use proxy_wasm::types::{MetricType, Status};
+use std::cell::Cell;
 use std::collections::BTreeMap;
+
+/// Picks one fingerprinted request in `every` for the sampled histograms: the first, then
+/// every `every`-th. A call out of the VM costs about as much as fingerprinting a short
+/// chat turn, so the per-body histograms (two clock reads each, and a record) are sampled;
+/// counters are not.
+#[derive(Debug)]
+pub struct Sampler {
+    every: u32,
+    seen: Cell<u32>,
+}
+
+impl Sampler {
+    pub fn new(every: u32) -> Sampler {
+        Sampler {
+            every: every.max(1),
+            seen: Cell::new(0),
+        }
+    }
+
+    /// Whether this request is one of the sampled ones.
+    pub fn take(&self) -> bool {
+        let seen = self.seen.get();
+        self.seen
+            .set(if seen + 1 >= self.every { 0 } else { seen + 1 });
+        seen == 0
+    }
+}
 
 /// Metric ids of one VM.
 pub struct Stats {
@@ -141,5 +169,22 @@ impl Stats {
                 self.inc(*id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sampler;
+
+    #[test]
+    fn the_sampler_takes_the_first_request_and_then_one_in_every() {
+        for every in [1, 2, 8, 10_000] {
+            let sampler = Sampler::new(every);
+            let taken: Vec<u32> = (0..20_000).filter(|_| sampler.take()).collect();
+            let expected: Vec<u32> = (0..20_000).filter(|i| i % every == 0).collect();
+            assert_eq!(taken, expected, "every {every}");
+        }
+        let zero = Sampler::new(0);
+        assert!((0..5).all(|_| zero.take()), "0 is read as 1");
     }
 }

@@ -4,7 +4,7 @@
 //! of owned values (`serde_json::Value`, or the borrowed tree this module held before) pays
 //! for every node: an allocation per object, a free per object, and a value of 32 bytes or
 //! more moved through each return; on a 32 KB chat body that was most of the fingerprint's
-//! cost. Here the parser ([`parse`](mod@parse)) appends one 16-byte [`Node`] per value to a
+//! cost. Here the parser ([`parse`](mod@parse)) appends one 8-byte [`Node`] per value to a
 //! single vector, strings stay where they are in the body (only a string with an escape is
 //! unescaped, once, into the document's side list), and the walkers read it through
 //! [`Value`], a small `Copy` view that looks like a JSON value: `Value::String(&str)`,
@@ -24,11 +24,10 @@ use std::fmt;
 /// Parses a whole document (trailing non-whitespace is an error): what serde_json
 /// accepts, with the same values ([`parse`](mod@parse) says how).
 ///
-/// The body is checked as UTF-8 once, as a whole, a word at a time over ASCII; a body that
-/// is not UTF-8 is invalid JSON (RFC 8259 §8.1).
+/// A body that is not UTF-8 is invalid JSON (RFC 8259 §8.1); the parser checks it as it
+/// goes, only where a byte of 0x80 or over can be.
 pub fn parse(bytes: &[u8]) -> Result<Document<'_>, JsonError> {
-    let text = std::str::from_utf8(bytes).map_err(|e| JsonError::Utf8(e.valid_up_to()))?;
-    parse::document(text)
+    parse::document(bytes)
 }
 
 /// A parsed document: the body's text, its nodes in document order, and the unescaped
@@ -40,30 +39,73 @@ pub struct Document<'a> {
     unescaped: Vec<String>,
 }
 
-/// One value of the document. A container's children follow it directly (an object's as
-/// key, value, key, value…), and `next` is the index just past its last descendant, so
-/// siblings are found by jumping from `next` to `next`.
+/// One value of the document, in 8 bytes. A container's children follow it directly (an
+/// object's as key, value, key, value…), and its `next` is the index just past its last
+/// descendant, so siblings are found by jumping from `next` to `next`; a leaf's `next` is
+/// the index after it. The tape of a chat body is about half the body's size: it is
+/// written once and read a few times, so its size is memory traffic on every request.
 #[derive(Debug, Clone, Copy)]
 struct Node {
-    kind: Kind,
-    /// String and number: start of the raw text in the body (escaped string: index into
-    /// `unescaped`). Array and object: number of children (members for an object).
-    a: u32,
-    /// String and number: end of the raw text.
-    b: u32,
-    next: u32,
+    /// The kind in the low 3 bits; above them `a`: for a string or number the start of
+    /// its raw text in the body (an escaped string: its index in `unescaped`), for an
+    /// array or object the number of children (members for an object).
+    head: u32,
+    /// String and number: the end of the raw text. Array and object: `next`.
+    tail: u32,
+}
+
+/// The largest `a` a node holds: bodies up to 512 MiB (the filter's limit is 64 MiB).
+const A_LIMIT: usize = 1 << 29;
+
+impl Node {
+    fn new(kind: Kind, a: usize, tail: usize) -> Node {
+        debug_assert!(a < A_LIMIT);
+        Node {
+            head: (a as u32) << 3 | kind as u32,
+            tail: tail as u32,
+        }
+    }
+
+    #[inline]
+    fn kind(self) -> Kind {
+        match self.head & 7 {
+            0 => Kind::Null,
+            1 => Kind::False,
+            2 => Kind::True,
+            3 => Kind::Number,
+            4 => Kind::String,
+            5 => Kind::EscapedString,
+            6 => Kind::Array,
+            _ => Kind::Object,
+        }
+    }
+
+    #[inline]
+    fn a(self) -> usize {
+        (self.head >> 3) as usize
+    }
+
+    /// The index after this node's subtree, for the node at `at`.
+    #[inline]
+    fn next(self, at: u32) -> u32 {
+        if self.head & 6 == 6 {
+            self.tail
+        } else {
+            at + 1
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    Null,
-    False,
-    True,
-    Number,
-    String,
-    EscapedString,
-    Array,
-    Object,
+    Null = 0,
+    False = 1,
+    True = 2,
+    Number = 3,
+    String = 4,
+    EscapedString = 5,
+    Array = 6,
+    Object = 7,
 }
 
 impl<'a> Document<'a> {
@@ -75,13 +117,13 @@ impl<'a> Document<'a> {
     #[inline]
     fn value(&self, at: u32) -> Value<'_> {
         let node = self.nodes[at as usize];
-        match node.kind {
+        match node.kind() {
             Kind::Null => Value::Null,
             Kind::False => Value::Bool(false),
             Kind::True => Value::Bool(true),
-            Kind::Number => Value::Number(Number(&self.text[node.a as usize..node.b as usize])),
-            Kind::String => Value::String(&self.text[node.a as usize..node.b as usize]),
-            Kind::EscapedString => Value::String(&self.unescaped[node.a as usize]),
+            Kind::Number => Value::Number(Number(&self.text[node.a()..node.tail as usize])),
+            Kind::String => Value::String(&self.text[node.a()..node.tail as usize]),
+            Kind::EscapedString => Value::String(&self.unescaped[node.a()]),
             Kind::Array => Value::Array(Array { doc: self, at }),
             Kind::Object => Value::Object(Object { doc: self, at }),
         }
@@ -89,12 +131,12 @@ impl<'a> Document<'a> {
 
     /// Indices of the keys of the object at `at` (each value follows its key).
     fn keys(&self, at: u32) -> impl Iterator<Item = u32> + '_ {
-        let end = self.nodes[at as usize].next;
+        let end = self.nodes[at as usize].tail;
         let mut i = at + 1;
         std::iter::from_fn(move || {
             (i < end).then(|| {
                 let key = i;
-                i = self.nodes[i as usize + 1].next;
+                i = self.nodes[i as usize + 1].next(i + 1);
                 key
             })
         })
@@ -110,9 +152,9 @@ impl<'a> Document<'a> {
     #[inline]
     fn key_is(&self, at: u32, key: &str) -> bool {
         let node = self.nodes[at as usize];
-        match node.kind {
+        match node.kind() {
             Kind::String => {
-                let (start, end) = (node.a as usize, node.b as usize);
+                let (start, end) = (node.a(), node.tail as usize);
                 end - start == key.len()
                     && self.text.as_bytes().get(start..end) == Some(key.as_bytes())
             }
@@ -155,7 +197,7 @@ pub struct Array<'d> {
 
 impl<'d> Array<'d> {
     pub fn len(self) -> usize {
-        self.doc.nodes[self.at as usize].a as usize
+        self.doc.nodes[self.at as usize].a()
     }
 
     pub fn is_empty(self) -> bool {
@@ -166,7 +208,7 @@ impl<'d> Array<'d> {
         Items {
             doc: self.doc,
             next: self.at + 1,
-            end: self.doc.nodes[self.at as usize].next,
+            end: self.doc.nodes[self.at as usize].tail,
         }
     }
 }
@@ -195,7 +237,7 @@ impl<'d> Iterator for Items<'d> {
             return None;
         }
         let at = self.next;
-        self.next = self.doc.nodes[at as usize].next;
+        self.next = self.doc.nodes[at as usize].next(at);
         Some(self.doc.value(at))
     }
 }

@@ -284,12 +284,21 @@ fn a_predicted_cohort_is_warmed_on_its_owner_before_it_arrives() {
             .filter(|b| b["max_tokens"] == 1)
             .collect()
     };
-    // The second walk already predicts "refund" after "lookup": one warm-up so far.
-    assert_eq!(warmups().len(), 1, "{:?}", warmups());
+    // The second walk already predicts "refund" after "lookup": one warm-up so far (it is
+    // sent in the background, so wait for it rather than trust the pause above).
+    assert!(
+        cohort_tests::eventually(Duration::from_secs(5), || warmups().len() == 1),
+        "{:?}",
+        warmups()
+    );
     send("Look up the order.", "s3", "none");
     assert_eq!(warmups().len(), 1, "x-cohort-prefetch: none warms nothing");
     send("Look up the order.", "s4", "high");
     send("Refund the order.", "s4", "high");
+    assert!(cohort_tests::eventually(
+        Duration::from_secs(5),
+        || warmups().len() == 2
+    ));
     let warm = warmups();
     assert_eq!(warm.len(), 2);
     assert_eq!(warm[1]["messages"][0]["content"], "Refund the order.");

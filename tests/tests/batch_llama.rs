@@ -28,12 +28,32 @@ struct Stack {
     _replicas: Vec<Llama>,
     batcher: Batcher,
     envoy: Envoy,
+    // Dropped last: one stack (three engines) at a time, so a test's timing is its own.
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
+/// The stack with the front's default joining window.
 fn stack() -> Stack {
+    stack_with_window(None)
+}
+
+/// The stack; `window_ms` sets the front's joining window (for bursts that must form one
+/// batch: far longer than the tests' 30 ms spacing, so on a slow machine a late member
+/// still joins its cohort's batch rather than leading a second one).
+fn stack_with_window(window_ms: Option<u32>) -> Stack {
+    let serial = cohort_tests::one_at_a_time();
     let replicas: Vec<Llama> = (0..3).map(|_| Llama::start(2)).collect();
     let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
-    let batcher = Batcher::start(BatcherSpec::over_engines(&ports));
+    let mut spec = BatcherSpec::over_engines(&ports);
+    if let Some(window_ms) = window_ms {
+        let config = std::env::temp_dir().join(format!(
+            "cohort-batch-llama-{}-{window_ms}.toml",
+            std::process::id()
+        ));
+        std::fs::write(&config, format!("[batch]\nwindow_ms = {window_ms}\n")).unwrap();
+        spec.extra_args = vec!["--config".into(), config.to_string_lossy().into_owned()];
+    }
+    let batcher = Batcher::start(spec);
     // A generous Assign deadline: on a loaded 2-core test machine a 25 ms deadline can
     // expire, and the request would then (correctly) skip batching.
     let envoy = Envoy::batch_with(
@@ -49,6 +69,7 @@ fn stack() -> Stack {
         _replicas: replicas,
         batcher,
         envoy,
+        _serial: serial,
     }
 }
 
@@ -128,7 +149,7 @@ fn read_member(port: u16, tag: &str, member: usize, max_tokens: u32) -> Member {
 
 #[test]
 fn a_burst_of_one_cohort_is_batched_and_followers_reuse_the_leaders_prefix() {
-    let stack = stack();
+    let stack = stack_with_window(Some(2000));
     let port = stack.envoy.listen_port;
     let tag = format!("burst-{}", std::process::id());
     let members: Vec<Member> = std::thread::scope(|scope| {
@@ -179,9 +200,16 @@ fn a_burst_of_one_cohort_is_batched_and_followers_reuse_the_leaders_prefix() {
     );
     // Batch mode feeds the live load too: the filter reported each member's first byte and
     // end under its Assign ticket, and the book is empty again once all have ended.
+    // The end is counted a moment before the in-flight book is updated: wait for both.
+    let in_flight = || -> f64 {
+        ["replica-0", "replica-1", "replica-2"]
+            .iter()
+            .map(|r| metric(&format!("cohort_replica_in_flight{{replica=\"{r}\"}}")))
+            .sum()
+    };
     assert!(
         cohort_tests::eventually(Duration::from_secs(5), || {
-            metric("cohort_progress_reports_total{phase=\"end\"}") == 4.0
+            metric("cohort_progress_reports_total{phase=\"end\"}") == 4.0 && in_flight() == 0.0
         }),
         "{}",
         stack
@@ -200,16 +228,12 @@ fn a_burst_of_one_cohort_is_batched_and_followers_reuse_the_leaders_prefix() {
         metric("cohort_progress_reports_total{phase=\"unknown\"}"),
         0.0
     );
-    let in_flight: f64 = ["replica-0", "replica-1", "replica-2"]
-        .iter()
-        .map(|r| metric(&format!("cohort_replica_in_flight{{replica=\"{r}\"}}")))
-        .sum();
-    assert_eq!(in_flight, 0.0);
+    assert_eq!(in_flight(), 0.0);
 }
 
 #[test]
 fn a_caller_hanging_up_cancels_only_its_own_member() {
-    let stack = stack();
+    let stack = stack_with_window(Some(2000));
     let port = stack.envoy.listen_port;
     let tag = format!("cancel-{}", std::process::id());
     let finished: Vec<Option<Member>> = std::thread::scope(|scope| {
@@ -354,8 +378,15 @@ fn sigterm_drains_what_the_front_accepted() {
     let tag = format!("drain-{}", std::process::id());
     let member = std::thread::scope(|scope| {
         let reader = scope.spawn(|| read_member(port, &tag, 0, 48));
-        // Let the request reach the engine, then stop the batcher under it.
-        std::thread::sleep(Duration::from_millis(800));
+        // Let the request reach the front (and its engine), then stop the batcher under it.
+        let front_has_it = eventually(Duration::from_secs(20), || {
+            stack
+                .batcher
+                .metric("cohort_front_requests_total{role=\"leader\"}")
+                >= 1.0
+        });
+        assert!(front_has_it, "the request never reached the front");
+        std::thread::sleep(Duration::from_millis(300));
         let status = stack.batcher.terminate().expect("the batcher was running");
         assert!(status.success(), "exits 0 after draining: {status}");
         reader.join().unwrap()

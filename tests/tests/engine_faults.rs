@@ -71,7 +71,8 @@ fn kill_under_load(
     replicas: &mut [Option<Llama>],
     victim: impl FnOnce(&cohort_tests::client::EventStream) -> usize,
 ) -> (InFlight, usize) {
-    let mut stream = post_stream(port, CHAT, &[], &body(stream_app, 48, true));
+    // Long enough to still be generating when its replica is killed, on any runner.
+    let mut stream = post_stream(port, CHAT, &[], &body(stream_app, 512, true));
     assert_eq!(stream.status, 200);
     assert!(stream.next_data().is_some(), "the stream started");
     let victim = victim(&stream);

@@ -13,6 +13,7 @@ use cohort_tests::free_port;
 use cohort_tests::upstream::Upstream;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -429,7 +430,7 @@ fn other_requests_pass_untouched() {
 #[test]
 fn stats_show_in_admin_stats_and_prometheus() {
     let upstream = Upstream::start("u");
-    let envoy = affinity(&[&upstream], "{}");
+    let envoy = affinity(&[&upstream], r#"{"histogram_sample_every": 1}"#);
     for i in 0..5 {
         post_json(
             envoy.listen_port,
@@ -448,30 +449,77 @@ fn stats_show_in_admin_stats_and_prometheus() {
         5
     );
 
-    // Histograms appear after a stats flush (1 s in the test config).
-    std::thread::sleep(std::time::Duration::from_millis(2500));
-    let stats = envoy.admin("/stats?filter=cohort");
-    assert!(
-        stats.contains("wasmcustom.cohort_fingerprint_us: P0"),
-        "{stats}"
-    );
-    assert!(
-        stats.contains("wasmcustom.cohort_body_bytes: P0"),
-        "{stats}"
-    );
-    assert!(stats.contains("wasmcustom.cohort_sketch_us: P0"), "{stats}");
-    let prometheus = envoy.admin("/stats/prometheus");
-    for name in [
+    // Histograms appear after a stats flush (1 s in the test config), with every sample
+    // once both workers' samples are merged: poll rather than guess the flush.
+    let expected = [
         "# TYPE cohort_requests_total counter",
         "cohort_requests_total{} 6",
         "cohort_bypass_invalid_json_total{} 1",
         "cohort_fingerprint_us_count{} 5",
         "cohort_sketch_us_count{} 5",
+        "cohort_body_bytes_count{} 5",
         "cohort_assign_ok_total{} 0",
-    ] {
+    ];
+    let flushed = cohort_tests::eventually(Duration::from_secs(15), || {
+        let stats = envoy.admin("/stats?filter=cohort");
+        let prometheus = envoy.admin("/stats/prometheus");
+        [
+            "wasmcustom.cohort_fingerprint_us: P0",
+            "wasmcustom.cohort_body_bytes: P0",
+            "wasmcustom.cohort_sketch_us: P0",
+        ]
+        .iter()
+        .all(|name| stats.contains(name))
+            && expected.iter().all(|name| prometheus.contains(name))
+    });
+    let prometheus = envoy.admin("/stats/prometheus");
+    let missing: Vec<_> = expected
+        .iter()
+        .filter(|name| !prometheus.contains(*name))
+        .collect();
+    assert!(
+        flushed,
+        "missing from /stats/prometheus: {missing:?}\n{}",
+        envoy.admin("/stats?filter=cohort")
+    );
+}
+
+/// `histogram_sample_every` (default 8): the per-body histograms take the first request of
+/// each worker and then one in eight; the counters still count every request.
+#[test]
+fn per_body_histograms_are_sampled_and_counters_are_not() {
+    let upstream = Upstream::start("u");
+    let count = |envoy: &Envoy, name: &str| -> Option<u64> {
+        let page = envoy.admin("/stats/prometheus");
+        page.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}_count{{}} "))?.parse().ok())
+    };
+    for (config, low, high) in [("{}", 3, 4), (r#"{"histogram_sample_every": 1}"#, 20, 20)] {
+        let envoy = affinity(&[&upstream], config);
+        for i in 0..20 {
+            let r = post_json(
+                envoy.listen_port,
+                CHAT,
+                &[],
+                &chat(None, &format!("refund {i}")),
+            );
+            assert_eq!(r.status, 200);
+        }
+        assert_eq!(envoy.stat("wasmcustom.cohort_fingerprinted_total"), 20);
+        // Two workers: ceil(k/8) samples each for k and 20 - k requests, so 3 or 4.
+        let settled = cohort_tests::eventually(Duration::from_secs(15), || {
+            [
+                "cohort_fingerprint_us",
+                "cohort_sketch_us",
+                "cohort_body_bytes",
+            ]
+            .iter()
+            .all(|name| count(&envoy, name).is_some_and(|n| (low..=high).contains(&n)))
+        });
         assert!(
-            prometheus.contains(name),
-            "{name} missing from /stats/prometheus"
+            settled,
+            "{config}: fingerprint_us count {:?}, expected {low}..={high}",
+            count(&envoy, "cohort_fingerprint_us")
         );
     }
 }

@@ -6,12 +6,14 @@
 //! every stream event. This module pays only that price, so the benchmark can show how
 //! much of the gap any proxy-wasm filter would leave, and how much is the fingerprint.
 //!
-//! Its plugin configuration picks one of two behaviours:
+//! Its plugin configuration picks one of these behaviours:
 //! - `noop`: answer `Continue` to every callback (run behind Envoy's buffer filter, like
 //!   the baseline): the cost of a wasm HTTP context and its callbacks;
 //! - `body` (any other value): what any filter that routes on the body must do, in the
 //!   fewest hostcalls — pause on the request headers, let Envoy buffer the body, read it
-//!   once complete, write one request header and clear the route cache, continue.
+//!   once complete, write one request header and clear the route cache, continue;
+//! - `body+clock:N`, `body+header:N`: `body` and N more hostcalls of one kind (reading the
+//!   clock; writing one more request header each), to price a hostcall against `body`.
 //!
 //! It is not part of the product; `scripts/build-wasm` builds it next to the filter.
 
@@ -21,23 +23,34 @@ mod floor {
     use proxy_wasm::traits::{Context, HttpContext, RootContext};
     use proxy_wasm::types::{Action, ContextType};
 
-    #[derive(Default)]
+    #[derive(Default, Clone, Copy)]
     pub struct FloorRoot {
         read_body: bool,
+        /// Extra clock reads and extra header writes per request.
+        clocks: usize,
+        headers: usize,
     }
 
     impl Context for FloorRoot {}
 
     impl RootContext for FloorRoot {
         fn on_configure(&mut self, _size: usize) -> bool {
-            self.read_body = self.get_plugin_configuration().as_deref() != Some(b"noop");
+            let config = self.get_plugin_configuration().unwrap_or_default();
+            let config = String::from_utf8_lossy(&config);
+            self.read_body = config != "noop";
+            let extra = |prefix: &str| {
+                config
+                    .strip_prefix(prefix)
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0)
+            };
+            self.clocks = extra("body+clock:");
+            self.headers = extra("body+header:");
             true
         }
 
         fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-            Some(Box::new(FloorHttp {
-                read_body: self.read_body,
-            }))
+            Some(Box::new(FloorHttp { root: *self }))
         }
 
         fn get_type(&self) -> Option<ContextType> {
@@ -46,14 +59,14 @@ mod floor {
     }
 
     struct FloorHttp {
-        read_body: bool,
+        root: FloorRoot,
     }
 
     impl Context for FloorHttp {}
 
     impl HttpContext for FloorHttp {
         fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
-            if self.read_body && !end_of_stream {
+            if self.root.read_body && !end_of_stream {
                 Action::Pause
             } else {
                 Action::Continue
@@ -61,7 +74,7 @@ mod floor {
         }
 
         fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-            if !self.read_body {
+            if !self.root.read_body {
                 return Action::Continue;
             }
             if !end_of_stream {
@@ -71,6 +84,17 @@ mod floor {
                 .get_http_request_body(0, body_size)
                 .map_or(0, |body| body.len());
             self.set_http_request_header("x-floor-body-bytes", Some(&length.to_string()));
+            let mut clock = 0;
+            for _ in 0..self.root.clocks {
+                clock ^= self
+                    .get_current_time()
+                    .elapsed()
+                    .map_or(0, |d| d.as_nanos());
+            }
+            for i in 0..self.root.headers {
+                let name = format!("x-floor-extra-{i}");
+                self.set_http_request_header(&name, Some(&clock.to_string()));
+            }
             let _ = hostcalls::call_foreign_function("clear_route_cache", Some(&[]));
             Action::Continue
         }

@@ -5,13 +5,20 @@
 //! tests in `super` and the fuzz corpus check it), and does little per byte or per value:
 //! - a string is scanned eight bytes at a time for `"`, `\` or a control character
 //!   ([`find_special`]) and stays in the body when it has no escape;
-//! - a value is one 16-byte node pushed onto one vector: no allocation per object, no
+//! - a value is one 8-byte node pushed onto one vector: no allocation per object, no
 //!   tree to free.
 //!
 //! The rare tokens whose value takes real work are handed to serde_json itself, so their
 //! rules live in one place: a string with an escape (unescaping, `\u` surrogate pairs) and
-//! every number (integer ranges, float rounding, overflow). The body has already been
-//! checked as UTF-8, so every slice taken at an ASCII delimiter is a `&str`.
+//! every number (integer ranges, float rounding, overflow).
+//!
+//! UTF-8 is checked where it can be broken, not in a pass of its own: outside strings the
+//! grammar admits only ASCII, and a string's bytes are checked only when the scan for its
+//! closing quote saw a byte of 0x80 or over (or it has an escape). So a document that
+//! parses is valid UTF-8 as a whole, and the parser hands it on as a `&str`.
+// One `from_utf8_unchecked`, at the end of `document`: the parse has checked the whole body
+// as UTF-8 piecewise, and checking it again would be the pass this module saves.
+#![allow(unsafe_code)]
 
 use super::{Document, Kind, Node};
 
@@ -25,26 +32,25 @@ pub enum JsonError {
     /// A string with escapes or a number that serde_json refused.
     #[error("{message} in the token at byte {at}")]
     Token { message: String, at: usize },
-    #[error("a body over 4 GiB")]
+    #[error("a body of 512 MiB or more")]
     TooLarge,
 }
 
 /// serde_json's nesting limit: entering the 128th open array or object is an error.
 const DEPTH_LIMIT: u8 = 128;
 
-/// Parses `text` as one JSON document (surrounding whitespace allowed).
-pub(super) fn document(text: &str) -> Result<Document<'_>, JsonError> {
-    if u32::try_from(text.len()).is_err() {
+/// Parses `bytes` as one JSON document (surrounding whitespace allowed).
+pub(super) fn document(bytes: &[u8]) -> Result<Document<'_>, JsonError> {
+    if bytes.len() >= super::A_LIMIT {
         return Err(JsonError::TooLarge);
     }
     let mut parser = Parser {
-        text,
-        bytes: text.as_bytes(),
+        bytes,
         pos: 0,
         depth_left: DEPTH_LIMIT,
         // Chat bodies of short turns hold about one value per 14 bytes; the vector grows
         // past this guess when it must.
-        nodes: Vec::with_capacity(text.len() / 12 + 4),
+        nodes: Vec::with_capacity(bytes.len() / 12 + 4),
         unescaped: Vec::new(),
     };
     parser.skip_whitespace();
@@ -53,6 +59,13 @@ pub(super) fn document(text: &str) -> Result<Document<'_>, JsonError> {
     if parser.pos != parser.bytes.len() {
         return Err(parser.syntax("trailing characters"));
     }
+    debug_assert!(std::str::from_utf8(bytes).is_ok());
+    // SAFETY: the parse consumed every byte: outside strings only ASCII tokens (whitespace,
+    // punctuation, literals, number characters), and every string either checked with
+    // `from_utf8` or seen by `find_special` to hold no byte of 0x80 or over. The property
+    // tests in `super` hold the parser to serde_json on arbitrary bytes, which refuses
+    // any document that is not UTF-8.
+    let text = unsafe { std::str::from_utf8_unchecked(bytes) };
     Ok(Document {
         text,
         nodes: parser.nodes,
@@ -61,7 +74,6 @@ pub(super) fn document(text: &str) -> Result<Document<'_>, JsonError> {
 }
 
 struct Parser<'a> {
-    text: &'a str,
     bytes: &'a [u8],
     pos: usize,
     depth_left: u8,
@@ -85,14 +97,8 @@ impl<'a> Parser<'a> {
     }
 
     /// Appends a leaf node (its `next` is the following index).
-    fn leaf(&mut self, kind: Kind, a: usize, b: usize) {
-        let next = self.nodes.len() as u32 + 1;
-        self.nodes.push(Node {
-            kind,
-            a: a as u32,
-            b: b as u32,
-            next,
-        });
+    fn leaf(&mut self, kind: Kind, a: usize, tail: usize) {
+        self.nodes.push(Node::new(kind, a, tail));
     }
 
     fn value(&mut self) -> Result<(), JsonError> {
@@ -124,10 +130,8 @@ impl<'a> Parser<'a> {
             self.object()?
         };
         self.depth_left += 1;
-        let next = self.nodes.len() as u32;
-        let node = &mut self.nodes[at];
-        node.a = count;
-        node.next = next;
+        let next = self.nodes.len();
+        self.nodes[at] = Node::new(kind, count as usize, next);
         Ok(())
     }
 
@@ -210,13 +214,17 @@ impl<'a> Parser<'a> {
     }
 
     /// A string starting at the opening quote: a range of the body when it has no escape,
-    /// otherwise unescaped by serde_json into the document's side list.
+    /// otherwise unescaped by serde_json into the document's side list. Its bytes are
+    /// checked as UTF-8 when they are not all ASCII.
     fn string(&mut self) -> Result<(), JsonError> {
         let open = self.pos;
         let mut i = open + 1;
         let mut escaped = false;
+        let mut non_ascii = false;
         loop {
-            i = find_special(self.bytes, i);
+            let (at, high) = find_special(self.bytes, i);
+            i = at;
+            non_ascii |= high;
             match self.bytes.get(i) {
                 Some(b'"') => break,
                 Some(b'\\') => {
@@ -236,11 +244,17 @@ impl<'a> Parser<'a> {
         }
         self.pos = i + 1;
         if !escaped {
+            if non_ascii {
+                std::str::from_utf8(&self.bytes[open + 1..i])
+                    .map_err(|e| JsonError::Utf8(open + 1 + e.valid_up_to()))?;
+            }
             self.leaf(Kind::String, open + 1, i);
             return Ok(());
         }
-        let text = serde_json::from_str::<String>(&self.text[open..=i])
-            .map_err(|e| token_error(e, open))?;
+        // An escape can hide a byte from `find_special`'s ASCII check: check it all.
+        let raw = std::str::from_utf8(&self.bytes[open..=i])
+            .map_err(|e| JsonError::Utf8(open + e.valid_up_to()))?;
+        let text = serde_json::from_str::<String>(raw).map_err(|e| token_error(e, open))?;
         self.unescaped.push(text);
         self.leaf(Kind::EscapedString, self.unescaped.len() - 1, 0);
         Ok(())
@@ -254,8 +268,9 @@ impl<'a> Parser<'a> {
         while let Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') = self.peek() {
             self.pos += 1;
         }
-        serde_json::from_str::<serde_json::Number>(&self.text[start..self.pos])
-            .map_err(|e| token_error(e, start))?;
+        // Number characters are ASCII, so the run is a `&str`.
+        let run = std::str::from_utf8(&self.bytes[start..self.pos]).unwrap_or_default();
+        serde_json::from_str::<serde_json::Number>(run).map_err(|e| token_error(e, start))?;
         self.leaf(Kind::Number, start, self.pos);
         Ok(())
     }
@@ -269,16 +284,18 @@ fn token_error(error: serde_json::Error, at: usize) -> JsonError {
 }
 
 /// Index of the first byte at or after `from` that is `"`, `\` or below 0x20 (or the
-/// length when there is none), eight bytes at a time (SWAR).
+/// length when there is none), eight bytes at a time (SWAR); and whether a byte of 0x80 or
+/// over came before it (the string is then checked as UTF-8).
 ///
 /// For each of the three tests the classic "has a zero byte" expression
 /// `(x - 0x01…) & !x & 0x80…` flags the matching bytes; a borrow can flag a byte only
 /// above a real match, so the lowest flag is always a real one. Bytes of 0x80 and over
-/// (UTF-8 sequences) are never flagged.
-pub(crate) fn find_special(bytes: &[u8], from: usize) -> usize {
+/// (UTF-8 sequences) are never flagged, only noted.
+pub(crate) fn find_special(bytes: &[u8], from: usize) -> (usize, bool) {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let mut i = from;
+    let mut high = 0;
     while let Some(chunk) = bytes.get(i..i + 8) {
         let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
         let quote = word ^ (ONES * u64::from(b'"'));
@@ -288,27 +305,35 @@ pub(crate) fn find_special(bytes: &[u8], from: usize) -> usize {
             | (word.wrapping_sub(ONES * 0x20) & !word);
         let flags = flags & HIGH;
         if flags != 0 {
-            return i + (flags.trailing_zeros() / 8) as usize;
+            // Only the bytes before the match count: the rest belong to what follows.
+            let before = flags.trailing_zeros() & !7;
+            let below = (1u64 << before).wrapping_sub(1);
+            high |= word & below & HIGH;
+            return (i + (before / 8) as usize, high != 0);
         }
+        high |= word & HIGH;
         i += 8;
     }
+    let mut high = high != 0;
     while let Some(&b) = bytes.get(i) {
         if b == b'"' || b == b'\\' || b < 0x20 {
-            return i;
+            return (i, high);
         }
+        high |= b >= 0x80;
         i += 1;
     }
-    i
+    (i, high)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn slow_find_special(bytes: &[u8], from: usize) -> usize {
-        (from..bytes.len())
+    fn slow_find_special(bytes: &[u8], from: usize) -> (usize, bool) {
+        let at = (from..bytes.len())
             .find(|&i| matches!(bytes[i], b'"' | b'\\' | 0..=0x1f))
-            .unwrap_or(bytes.len().max(from))
+            .unwrap_or(bytes.len().max(from));
+        (at, bytes[from.min(at)..at].iter().any(|&b| b >= 0x80))
     }
 
     #[test]
@@ -320,6 +345,7 @@ mod tests {
             b"\x1f",
             b"\xc3\xa9\xf0\x9f\x98\x80 then \x00",
             b"\x21\x23\x5b\x5d\x20\x7f\x80\xff\"",
+            b"ascii\" then \xc3\xa9 after the quote",
         ] {
             for from in 0..text.len() {
                 assert_eq!(find_special(text, from), slow_find_special(text, from));
@@ -339,15 +365,36 @@ mod tests {
     }
 
     #[test]
+    fn utf8_is_checked_inside_strings_and_refused_outside() {
+        for (text, ok) in [
+            (&b"[\"caf\xc3\xa9\"]"[..], true),
+            (b"[\"caf\xc3\"]", false),
+            (b"[\"\\n\xff\"]", false),
+            (b"[\"\\\xc3\xa9\"]", false),
+            (b"[1, \xc3\xa9]", false),
+            (b"{\"\xe2\x82\xac\": \"\xf0\x9f\x98\x80\"}", true),
+        ] {
+            let theirs = serde_json::from_slice::<serde_json::Value>(text).is_ok();
+            assert_eq!(theirs, ok, "{}", String::from_utf8_lossy(text));
+            assert_eq!(
+                document(text).is_ok(),
+                ok,
+                "{}",
+                String::from_utf8_lossy(text)
+            );
+        }
+    }
+
+    #[test]
     fn nesting_stops_where_serde_json_stops() {
         for depth in [126, 127, 128, 129] {
             let text = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
             let theirs = serde_json::from_str::<serde_json::Value>(&text).is_ok();
-            assert_eq!(document(&text).is_ok(), theirs, "depth {depth}");
+            assert_eq!(document(text.as_bytes()).is_ok(), theirs, "depth {depth}");
         }
         let mixed = format!("{}1{}", r#"{"a":["#.repeat(64), "]}".repeat(64));
         assert_eq!(
-            document(&mixed).is_ok(),
+            document(mixed.as_bytes()).is_ok(),
             serde_json::from_str::<serde_json::Value>(&mixed).is_ok()
         );
     }
@@ -355,10 +402,10 @@ mod tests {
     #[test]
     fn errors_say_where() {
         assert_eq!(
-            document("[1, x]").unwrap_err().to_string(),
+            document(b"[1, x]").unwrap_err().to_string(),
             "expected value at byte 4"
         );
-        assert!(document(r#"{"a": "\q"}"#)
+        assert!(document(br#"{"a": "\q"}"#)
             .unwrap_err()
             .to_string()
             .ends_with("in the token at byte 6"));
