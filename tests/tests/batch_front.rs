@@ -301,7 +301,15 @@ fn a_predicted_cohort_is_warmed_on_its_owner_before_it_arrives() {
     ));
     let warm = warmups();
     assert_eq!(warm.len(), 2);
-    assert_eq!(warm[1]["messages"][0]["content"], "Refund the order.");
+    // The warm-up computes the cohort's prefix (its system prompt), not the exemplar's
+    // own question.
+    assert_eq!(
+        warm[1]["messages"],
+        json!([
+            {"role": "system", "content": "Refund the order."},
+            {"role": "user", "content": ""},
+        ])
+    );
     assert_eq!(warm[1]["stream"], false);
     assert_eq!(batcher.metric("cohort_prefetch_issued_total"), 2.0);
     assert_eq!(batcher.metric("cohort_prefetch_hit_total"), 2.0);

@@ -236,10 +236,45 @@ pub trait Engine: Send + Sync {
     }
 }
 
-/// A warm-up request from an exemplar body of a cohort: the same prompt, one output token,
-/// no streaming. Sending it makes the engine compute and cache the cohort's prefix.
+/// A warm-up request from an exemplar body of a cohort: one output token, no streaming, and
+/// only the part of the prompt the cohort shares where the API shows it. Sending it makes
+/// the engine compute and cache the cohort's prefix, and no more.
+///
+/// - Chat completions with leading `system`/`developer` messages: those messages (and the
+///   tools, which stay) and one empty user turn; the exemplar's own conversation, which the
+///   next request of the cohort does not share, is not computed.
+/// - Responses with `instructions`: the instructions (and tools) and an empty `input`.
+/// - Anything else (no system prompt: a cohort grouped by intent; completions' bare
+///   `prompt`; Anthropic messages, whose API refuses an empty turn): the whole exemplar,
+///   as the shared part cannot be told from the rest.
 pub fn warmup_body(api: FrontApi, exemplar: &Map<String, Value>) -> Map<String, Value> {
     let mut body = exemplar.clone();
+    match api {
+        FrontApi::ChatCompletions => {
+            if let Some(Value::Array(messages)) = body.get_mut("messages") {
+                let system = messages
+                    .iter()
+                    .take_while(|m| {
+                        matches!(
+                            m.get("role").and_then(Value::as_str),
+                            Some("system" | "developer")
+                        )
+                    })
+                    .count();
+                if system > 0 && system < messages.len() {
+                    messages.truncate(system);
+                    messages.push(serde_json::json!({"role": "user", "content": ""}));
+                }
+            }
+        }
+        FrontApi::Responses => {
+            if body.get("instructions").is_some_and(Value::is_string) {
+                body.insert("input".to_owned(), Value::from(""));
+                body.remove("previous_response_id");
+            }
+        }
+        FrontApi::Completions | FrontApi::Messages => {}
+    }
     for field in [
         "max_tokens",
         "max_completion_tokens",
@@ -325,5 +360,53 @@ mod tests {
         let body = warmup_body(FrontApi::Responses, &exemplar);
         assert_eq!(body["max_output_tokens"], 1);
         assert!(!body.contains_key("max_tokens"));
+    }
+
+    #[test]
+    fn a_warmup_computes_the_shared_prefix_not_the_exemplars_conversation() {
+        let chat: Map<String, Value> = serde_json::from_str(
+            r#"{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[
+                {"role":"system","content":"You are the bank's assistant."},
+                {"role":"developer","content":"Cite the policy."},
+                {"role":"user","content":"My card was declined."},
+                {"role":"assistant","content":"Which card?"},
+                {"role":"user","content":"The debit card."}]}"#,
+        )
+        .unwrap();
+        let body = warmup_body(FrontApi::ChatCompletions, &chat);
+        assert_eq!(
+            body["messages"],
+            serde_json::json!([
+                {"role":"system","content":"You are the bank's assistant."},
+                {"role":"developer","content":"Cite the policy."},
+                {"role":"user","content":""}
+            ])
+        );
+        assert_eq!(body["tools"], chat["tools"], "tools are part of the prefix");
+        // No system prompt: the cohort is an intent, nothing marks a shared part.
+        let bare: Map<String, Value> = serde_json::from_str(
+            r#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            warmup_body(FrontApi::ChatCompletions, &bare)["messages"],
+            bare["messages"]
+        );
+        let responses: Map<String, Value> = serde_json::from_str(
+            r#"{"model":"m","instructions":"Be brief.","input":[{"role":"user","content":"long"}],"previous_response_id":"r1"}"#,
+        )
+        .unwrap();
+        let body = warmup_body(FrontApi::Responses, &responses);
+        assert_eq!(body["instructions"], "Be brief.");
+        assert_eq!(body["input"], "");
+        assert!(!body.contains_key("previous_response_id"));
+        let messages: Map<String, Value> = serde_json::from_str(
+            r#"{"model":"m","system":"Be brief.","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            warmup_body(FrontApi::Messages, &messages)["messages"],
+            messages["messages"]
+        );
     }
 }
