@@ -36,9 +36,9 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 
 /// Picks one fingerprinted request in `every` for the sampled histograms: the first, then
-/// every `every`-th. A call out of the VM costs about as much as fingerprinting a short
-/// chat turn, so the per-body histograms (two clock reads each, and a record) are sampled;
-/// counters are not.
+/// every `every`-th, per VM (one per Envoy worker). A sample takes seven calls out of the VM
+/// (four clock reads, three records), each a fraction of a µs (docs/FILTER.md prices them),
+/// so the per-body histograms are sampled; counters are not.
 #[derive(Debug)]
 pub struct Sampler {
     every: u32,
