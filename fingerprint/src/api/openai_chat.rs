@@ -23,10 +23,7 @@ pub(super) fn parse(
     let leading_system = messages
         .iter()
         .take_while(|m| {
-            matches!(
-                m.get("role").and_then(Value::as_str),
-                Some("system" | "developer")
-            )
+            Role::from_name(m.get("role").and_then(Value::as_str).unwrap_or("")) == Role::System
         })
         .count();
     for message in messages.iter().take(leading_system) {

@@ -23,6 +23,7 @@ pub mod tgi;
 pub mod vllm;
 
 pub use crate::batch::Release;
+use cohort_fingerprint::canonical::Role;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
@@ -252,13 +253,13 @@ pub fn warmup_body(api: FrontApi, exemplar: &Map<String, Value>) -> Map<String, 
     match api {
         FrontApi::ChatCompletions => {
             if let Some(Value::Array(messages)) = body.get_mut("messages") {
+                // The fingerprint's own reading of a role, so the warm-up keeps exactly
+                // the messages the cohort's stable prefix was hashed from.
                 let system = messages
                     .iter()
                     .take_while(|m| {
-                        matches!(
-                            m.get("role").and_then(Value::as_str),
-                            Some("system" | "developer")
-                        )
+                        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+                        Role::from_name(role) == Role::System
                     })
                     .count();
                 if system > 0 && system < messages.len() {
