@@ -10,14 +10,25 @@ response byte, whole exchange.
 
     .venv/bin/python bench/added_time.py [round-robin] [affinity] [assign]
 
+`--burst K` measures what arrivals in bursts do instead (Mooncake's trace arrives so): four
+simulated replicas, requests of `--size` bytes sent K at a time, `--rate` requests a second,
+open loop, for `--seconds`; per config it prints the median added time and Envoy's medians of
+the filter's fingerprint, sketch and Assign round trip. One Envoy worker runs the filter for
+every request of a burst before it flushes any Assign, so a burst's fingerprints add to each
+of its Assigns (docs/BENCHMARKS.md, "Where the added time goes"):
+
+    .venv/bin/python bench/added_time.py --burst 8 --rate 60 --size 12000 [names]
+
 Needs scripts/setup, scripts/build-wasm and target/release/cohort.
 """
+import argparse
 import asyncio
 import os
 import random
 import statistics
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -37,7 +48,7 @@ ASSIGN_FILTER = '{"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters
 
 def start_envoy(name, workdir, ports):
     """istio/envoy/<name>.yaml with an access log of the stages (for `assign`, with `cohort
-    serve` deciding); returns (procs, listen, log)."""
+    serve` deciding); returns (procs, listen, log, admin)."""
     procs, mapping, filter_config = [], {}, None
     if name == "assign":
         cohort, cports = stack.start_cohort(workdir, ports, prefix="added", front=False, replica_spec="vllm+")
@@ -56,7 +67,7 @@ def start_envoy(name, workdir, ports):
     with open(path, "w") as f:
         f.write(text)
     procs.append(stack.start_envoy(path, admin, os.path.join(workdir, f"{name}-envoy.log")))
-    return procs, listen, log
+    return procs, listen, log, admin
 
 
 def body(size, i, rng):
@@ -66,7 +77,7 @@ def body(size, i, rng):
 
 
 def measure(name, workdir, ports):
-    procs, listen, log = start_envoy(name, workdir, ports)
+    procs, listen, log, _admin = start_envoy(name, workdir, ports)
     rng = random.Random(1)
     try:
         for size in SIZES:
@@ -93,13 +104,63 @@ def measure(name, workdir, ports):
               f"sent upstream {medians[1]:.0f}, first response byte {medians[2]:.0f}, whole {medians[3]:.0f}")
 
 
-def main():
-    names = sys.argv[1:] or ["round-robin", "affinity", "assign"]
-    workdir = tempfile.mkdtemp(prefix="cohort-added-")
-    procs, ports = run.start_sim(workdir, 1, 0.003, 20480, "sim")
+def envoy_medians(admin):
+    """Envoy's p50 of the filter's histograms (µs), by name; missing ones are left out."""
+    _status, text = stack.get(admin, "/stats?filter=cohort_(fingerprint|sketch|assign)_us")
+    medians = {}
+    for line in text.decode().splitlines():
+        name, _, values = line.partition(": ")
+        if "P50(" in values:
+            # P50(interval, cumulative): the cumulative one covers the whole run.
+            cumulative = values.split("P50(")[1].split(")")[0].split(",")[1]
+            if cumulative != "nan":
+                medians[name.removeprefix("wasmcustom.cohort_")] = float(cumulative)
+    return medians
+
+
+def measure_bursts(name, workdir, ports, burst, rate, size, seconds):
+    """Open-loop bursts of `burst` requests of `size` bytes at `rate` requests a second."""
+    procs, listen, _log, admin = start_envoy(name, workdir, ports)
+    rng = random.Random(1)
+    requests = [{"body": dict(body(size, i, rng), max_tokens=16)} for i in range(int(rate * seconds))]
+
+    async def replay():
+        start, sent = time.perf_counter(), []
+        for i, request in enumerate(requests):
+            delay = start + (i // burst) * burst / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent.append(asyncio.create_task(client.send(listen, request)))
+        return await asyncio.gather(*sent)
+
     try:
-        for name in names:
-            measure(name, workdir, ports)
+        records = asyncio.run(replay())
+        medians = envoy_medians(admin)
+    finally:
+        stack.stop(procs)
+    added = [r["ttft_ms"] - r["engine_ttft_ms"] for r in records
+             if r["error"] is None and r["engine_ttft_ms"] is not None]
+    stages = "  ".join(f"{k} {v / 1000:.2f}" for k, v in sorted(medians.items()))
+    print(f"{name:12} burst {burst} at {rate:g}/s, {size // 1000} KB  added median "
+          f"{statistics.median(added):6.2f} ms ({len(added)} of {len(records)} ok)  Envoy p50 ms: {stages}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", default=["round-robin", "affinity", "assign"])
+    parser.add_argument("--burst", type=int, help="requests per burst (burst mode)")
+    parser.add_argument("--rate", type=float, default=60.0, help="requests a second (burst mode)")
+    parser.add_argument("--size", type=int, default=12_000, help="body bytes (burst mode)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="seconds of arrivals (burst mode)")
+    args = parser.parse_args()
+    workdir = tempfile.mkdtemp(prefix="cohort-added-")
+    procs, ports = run.start_sim(workdir, 4 if args.burst else 1, 0.003, 20480, "sim")
+    try:
+        for name in args.names:
+            if args.burst:
+                measure_bursts(name, workdir, ports, args.burst, args.rate, args.size, args.seconds)
+            else:
+                measure(name, workdir, ports)
     finally:
         stack.stop(procs)
 

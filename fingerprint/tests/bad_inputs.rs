@@ -181,5 +181,5 @@ fn huge_arrays_and_single_tokens() {
     assert_eq!(reason(many.as_bytes()), "ok");
     let one_token = chat(&"x".repeat(1024 * 1024));
     let fp = outcome(&one_token).unwrap();
-    assert!(fp.intent.masked_text().len() <= 2 * 8 * 1024 + 2);
+    assert!(fp.intent.masked_text().len() <= 2 * cohort_fingerprint::normalize::HALF_WINDOW + 2);
 }
