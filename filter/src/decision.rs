@@ -267,6 +267,7 @@ pub fn route_body_with(
         // The block chain only travels to a batcher (shard choice, Observe, Assign); with
         // none configured, the conversation is neither written out nor hashed.
         block_hashes: !config.batcher_clusters.is_empty(),
+        batch_threshold: plan.knobs.knobs.batch_threshold,
     };
     let fp = fingerprint_with(&request, intent_sketch).map_err(|e| e.bypass_reason())?;
     let names = &config.headers;

@@ -5,7 +5,7 @@
 //! `x-cohort-*` headers, clear the route cache so Envoy routes on them, continue. Any
 //! failure (guards, parse errors, a body over the limit) is a bypass: the request goes on
 //! unchanged except for `x-cohort-bypass: <reason>`, and the reason is counted. Response:
-//! `x-cohort: <version>; mode=…; cluster=…; sketch=v2` (or `bypass=…`).
+//! `x-cohort: <version>; mode=…; cluster=…; sketch=v2; codebook=v1` (or `bypass=…`).
 //!
 //! Assign mode: after the headers are written (so the request is already routable by key),
 //! the request waits for a unary `Assign` call to its batcher shard, at most the configured
@@ -18,7 +18,7 @@ use crate::breaker::{self, Group};
 use crate::config::{FilterConfig, Mode};
 use crate::decision::{self, reason, Admission, HeadersVerdict, RequestPlan, Routing};
 use crate::root::{unix_ms, Shared};
-use cohort_fingerprint::{IntentSketch, SKETCH_VERSION};
+use cohort_fingerprint::{IntentSketch, CODEBOOK_VERSION, SKETCH_VERSION};
 use cohort_proto as pb;
 use log::debug;
 use proxy_wasm::hostcalls;
@@ -586,7 +586,7 @@ impl HttpContext for CohortHttp {
                 shard: Some(shard),
                 ..
             } => format!(
-                "mode={}; cluster={cluster}; shard={shard}; sketch=v{SKETCH_VERSION}",
+                "mode={}; cluster={cluster}; shard={shard}; sketch=v{SKETCH_VERSION}; codebook=v{CODEBOOK_VERSION}",
                 config.mode.as_str()
             ),
             State::Routed {
@@ -594,10 +594,10 @@ impl HttpContext for CohortHttp {
                 fallback: Some(why),
                 ..
             } => format!(
-                "mode=affinity; cluster={cluster}; fallback={why}; sketch=v{SKETCH_VERSION}"
+                "mode=affinity; cluster={cluster}; fallback={why}; sketch=v{SKETCH_VERSION}; codebook=v{CODEBOOK_VERSION}"
             ),
             State::Routed { cluster, .. } => {
-                format!("mode=affinity; cluster={cluster}; sketch=v{SKETCH_VERSION}")
+                format!("mode=affinity; cluster={cluster}; sketch=v{SKETCH_VERSION}; codebook=v{CODEBOOK_VERSION}")
             }
             State::Bypassed(reason) => format!("mode={}; bypass={reason}", config.mode.as_str()),
             State::Untouched | State::Buffering(_) | State::Assigning(_) => {

@@ -5,14 +5,17 @@
 //!   A asking, F function, M mask, S symbol) — what `scripts/distill-sketch` fits;
 //! - `sketch_tool sketch <version> <mode>`: the 32 int8 values of the sketch (the exact
 //!   code the filter runs), for `scripts/eval-sketch`;
-//! - `sketch_tool wordpiece`: the teacher-tokenizer ids of the raw text.
+//! - `sketch_tool wordpiece`: the teacher-tokenizer ids of the raw text;
+//! - `sketch_tool cohort <threshold>`: the cohort code (codebook level and centroid, as
+//!   the filter computes it in intent mode; `4294967295` for no intent), for
+//!   `scripts/eval-sketch --grouping`.
 //!
 //! Errors (bad arguments, a line that is not a JSON string) go to stderr with exit code 2.
 
 use cohort_fingerprint::sketch::distilled::for_each_row;
 use cohort_fingerprint::sketch::table::Table;
 use cohort_fingerprint::sketch::words::WordClass;
-use cohort_fingerprint::{mask, normalize, SemanticMode, Sketch};
+use cohort_fingerprint::{mask, normalize, IntentSketch, SemanticMode, Sketch};
 use std::io::{BufRead, BufWriter, Write};
 
 fn fail(message: &str) -> ! {
@@ -58,13 +61,21 @@ fn main() {
                     .unwrap_or_else(|| fail("unknown sketch version"));
                 sketch.0.iter().map(|v| v.to_string()).collect()
             }
+            Some("cohort") => {
+                let threshold = args
+                    .get(1)
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or_else(|| fail("usage: sketch_tool cohort <threshold>"));
+                let intent = IntentSketch::of_text(&text, SemanticMode::Intent);
+                vec![intent.cohort(threshold).to_string()]
+            }
             Some("wordpiece") => table
                 .vocab
                 .encode(&text)
                 .iter()
                 .map(|v| v.to_string())
                 .collect(),
-            _ => fail("usage: sketch_tool rows | sketch <version> <mode> | wordpiece"),
+            _ => fail("usage: sketch_tool rows | sketch <version> <mode> | wordpiece | cohort <threshold>"),
         };
         writeln!(out, "{}", fields.join(" ")).unwrap_or_else(|e| fail(&format!("stdout: {e}")));
     }

@@ -4,8 +4,8 @@
 //! `xxh3_64(anchor ‖ app key, seed = tenant salt)`. The *anchor* is the request's stable
 //! prefix (model + system + tools) when it has a system prompt or tools — so an
 //! application's requests share the replica that holds its system prompt in KV cache — and
-//! otherwise its cohort, the sketch's sign signature, so bare prompts of one intent meet
-//! on one replica. The app key (`x-cohort-routing-key`) lets an application split or
+//! otherwise its cohort code, the nearest centroid of the shipped codebook
+//! ([`crate::sketch::codebook`]), so bare prompts of one intent meet on one replica. The app key (`x-cohort-routing-key`) lets an application split or
 //! merge traffic further (e.g. by rule hash).
 //!
 //! Every hash is seeded by the tenant salt: one tenant can neither steer its requests onto
@@ -35,12 +35,12 @@ impl TenantSalt {
         })
     }
 
-    /// The tenant's cohort id for a sketch signature: what `x-cohort-cluster` and the
-    /// records show. Salted like every other hash, so two tenants sending the same prompt
-    /// see different cohort ids and one cannot learn or target another's cohorts; within
-    /// a tenant, equal signatures keep equal ids.
-    pub fn cohort(self, signature: u32) -> u32 {
-        xxh3_64_with_seed(&signature.to_le_bytes(), self.0 ^ COHORT_DOMAIN) as u32
+    /// The tenant's cohort id for a cohort code ([`crate::IntentSketch::cohort`]): what
+    /// `x-cohort-cluster` and the records show. Salted like every other hash, so two
+    /// tenants sending the same prompt see different cohort ids and one cannot learn or
+    /// target another's cohorts; within a tenant, equal codes keep equal ids.
+    pub fn cohort(self, code: u32) -> u32 {
+        xxh3_64_with_seed(&code.to_le_bytes(), self.0 ^ COHORT_DOMAIN) as u32
     }
 }
 
@@ -52,7 +52,7 @@ const COHORT_DOMAIN: u64 = 0x636f_686f_7274_6964;
 pub enum Anchor {
     /// Hash of model + system + tools.
     StablePrefix(u64),
-    /// Sketch signature of the intent.
+    /// Cohort code of the intent (codebook level and centroid).
     Cohort(u32),
 }
 
@@ -77,9 +77,9 @@ impl RoutingKey {
                 input.push(b'p');
                 input.extend_from_slice(&hash.to_le_bytes());
             }
-            Anchor::Cohort(signature) => {
+            Anchor::Cohort(code) => {
                 input.push(b'c');
-                input.extend_from_slice(&signature.to_le_bytes());
+                input.extend_from_slice(&code.to_le_bytes());
             }
         }
         if let Some(app_key) = app_key {

@@ -44,6 +44,7 @@ pub use error::FingerprintError;
 pub use key::{Anchor, RoutingKey, TenantSalt};
 pub use knobs::{Knobs, ParsedKnobs, RawKnobs};
 pub use mask::Token;
+pub use sketch::codebook::{Codebook, CODEBOOK_VERSION};
 pub use sketch::{SemanticMode, Sketch, SKETCH_DIMS, SKETCH_VERSION};
 
 /// Default largest body the core parses (the filter's own buffer limit is lower).
@@ -66,6 +67,9 @@ pub struct Request<'a> {
     /// conversation is not written or hashed: the blocks come back empty and
     /// `prompt_bytes` 0, and everything else is the same.
     pub block_hashes: bool,
+    /// `x-cohort-batch-threshold` (0.1–0.9): which codebook level the cohort id comes
+    /// from, coarse to fine ([`sketch::codebook`]).
+    pub batch_threshold: f32,
 }
 
 impl<'a> Request<'a> {
@@ -80,6 +84,7 @@ impl<'a> Request<'a> {
             semantic_mode: SemanticMode::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             block_hashes: true,
+            batch_threshold: knobs::Knobs::default().batch_threshold,
         }
     }
 }
@@ -105,10 +110,12 @@ impl IntentSketch {
         parts.join(" ")
     }
 
-    /// The sketch's sign signature: the routing key's cohort anchor. Not salted; the
-    /// cohort id shown to anyone is [`TenantSalt::cohort`] of it ([`Fingerprint::cohort`]).
-    pub fn cohort(&self) -> u32 {
-        self.sketch.signature()
+    /// The cohort code under a batch threshold: the nearest centroid of the shipped
+    /// codebook at the level the threshold picks ([`sketch::codebook`]); the routing key's
+    /// cohort anchor. Not salted; the cohort id shown to anyone is [`TenantSalt::cohort`]
+    /// of it ([`Fingerprint::cohort`]).
+    pub fn cohort(&self, batch_threshold: f32) -> u32 {
+        Codebook::embedded().code(batch_threshold, &self.sketch)
     }
 }
 
@@ -176,7 +183,7 @@ pub fn fingerprint_with(
     let anchor = if prompt.has_stable_context() {
         Anchor::StablePrefix(stable_prefix)
     } else {
-        Anchor::Cohort(intent.cohort())
+        Anchor::Cohort(intent.cohort(request.batch_threshold))
     };
     Ok(Fingerprint {
         api: prompt.api,
@@ -185,7 +192,7 @@ pub fn fingerprint_with(
         prefix_blocks,
         prompt_bytes,
         routing_key: RoutingKey::new(request.salt, anchor, request.app_routing_key),
-        cohort: request.salt.cohort(intent.cohort()),
+        cohort: request.salt.cohort(intent.cohort(request.batch_threshold)),
         anchor,
         intent,
         semantic_mode: request.semantic_mode,

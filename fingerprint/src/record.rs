@@ -11,7 +11,7 @@
 //! the line could not be fingerprinted. A bad line never stops the stream.
 
 use crate::key::{Anchor, RoutingKey, TenantSalt};
-use crate::knobs::{header, InvalidKnob, RawKnobs};
+use crate::knobs::{batch_threshold, header, InvalidKnob, Knobs, RawKnobs};
 use crate::sketch::{SemanticMode, SKETCH_VERSION};
 use crate::{fingerprint, Fingerprint, FingerprintError, IntentSketch, Request};
 use serde::Serialize;
@@ -122,6 +122,7 @@ pub fn fingerprint_line(line: &[u8], number: usize, defaults: &LineDefaults) -> 
         if get(header::SEMANTIC_MODE).is_some() {
             request.semantic_mode = parsed.knobs.semantic_mode;
         }
+        request.batch_threshold = parsed.knobs.batch_threshold;
         fill(&mut record, fingerprint(&request));
         return record;
     }
@@ -133,11 +134,18 @@ pub fn fingerprint_line(line: &[u8], number: usize, defaults: &LineDefaults) -> 
             .and_then(SemanticMode::parse)
             .unwrap_or(defaults.semantic_mode);
         let intent = IntentSketch::of_text(text, mode);
-        let anchor = Anchor::Cohort(intent.cohort());
+        let threshold = object
+            .get("batch_threshold")
+            .and_then(Value::as_f64)
+            .map_or(Knobs::default().batch_threshold, |t| {
+                batch_threshold(t as f32)
+            });
+        let code = intent.cohort(threshold);
+        let anchor = Anchor::Cohort(code);
         let app_key = object.get("routing_key").and_then(Value::as_str);
         record.routing_key = Some(RoutingKey::new(salt, anchor, app_key).to_string());
         record.anchor = Some(anchor.as_str());
-        fill_intent(&mut record, &intent, mode, salt.cohort(intent.cohort()));
+        fill_intent(&mut record, &intent, mode, salt.cohort(code));
         return record;
     }
 

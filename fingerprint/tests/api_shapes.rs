@@ -108,7 +108,7 @@ fn openai_completions_with_an_array_prompt() {
         !base.has_stable_context,
         "completions have no system prompt or tools"
     );
-    assert_eq!(base.anchor, Anchor::Cohort(base.intent.cohort()));
+    assert_eq!(base.anchor, Anchor::Cohort(base.intent.cohort(0.5)));
 
     let mut single = value.clone();
     single["prompt"] = value["prompt"][0].clone();

@@ -17,11 +17,11 @@ import csv
 import json
 import math
 import re
-import subprocess
 
 import numpy as np
 
 import embed
+from vectors import kmeans, rust_sketches, unit
 
 
 def load_csv(path, split=None):
@@ -30,14 +30,6 @@ def load_csv(path, split=None):
     if split is not None:
         rows = [r for r in rows if r[2] == split]
     return [r[0] for r in rows], [r[1] for r in rows]
-
-
-def rust_sketches(tool, texts, version, mode):
-    stdin = "".join(json.dumps(t) + "\n" for t in texts)
-    out = subprocess.run([tool, "sketch", str(version), mode], input=stdin,
-                         capture_output=True, text=True, check=True).stdout
-    return np.array([[int(v) for v in line.split()] for line in out.split("\n")[: len(texts)]],
-                    dtype=np.float64)
 
 
 WORD = re.compile(r"[a-z0-9']+")
@@ -66,39 +58,10 @@ def tfidf(store_texts, query_texts, max_words=8000):
     return matrix(store_texts), matrix(query_texts)
 
 
-def unit(x):
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def one_nn(store, store_labels, queries, query_labels):
     sims = unit(queries) @ unit(store).T
     best = sims.argmax(axis=1)
     return float(np.mean([store_labels[b] == q for b, q in zip(best, query_labels)]))
-
-
-def kmeans(x, k, seed, iterations=30):
-    """Spherical k-means with k-means++ seeding; returns (labels, inertia)."""
-    x = unit(x)
-    rng = np.random.default_rng(seed)
-    centres = [x[rng.integers(len(x))]]
-    dist = 1 - x @ centres[0]
-    for _ in range(1, k):
-        p = np.maximum(dist, 0)
-        p = p / p.sum() if p.sum() > 0 else np.full(len(x), 1 / len(x))
-        centres.append(x[rng.choice(len(x), p=p)])
-        dist = np.minimum(dist, 1 - x @ centres[-1])
-    c = np.array(centres)
-    for _ in range(iterations):
-        labels = (x @ c.T).argmax(axis=1)
-        for j in range(k):
-            members = x[labels == j]
-            if len(members):
-                c[j] = members.sum(0)
-        c = unit(c)
-    sims = x @ c.T
-    labels = sims.argmax(axis=1)
-    return labels, float((1 - sims.max(axis=1)).sum())
 
 
 def purity_nmi(x, labels, k):

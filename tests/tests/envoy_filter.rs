@@ -363,6 +363,89 @@ fn bad_inputs_reach_the_upstream_unchanged_with_a_bypass_reason() {
     assert_eq!(requests as usize, cases.len() + 5);
 }
 
+/// The first `per_intent` test prompts of each of the first `intents` Banking77 intents, in
+/// file order (data/intent/banking77_test.csv).
+fn banking77(intents: usize, per_intent: usize) -> Vec<String> {
+    let csv =
+        std::fs::read_to_string(cohort_tests::workspace().join("data/intent/banking77_test.csv"))
+            .expect("data/intent/banking77_test.csv");
+    let mut by_intent: Vec<(String, Vec<String>)> = Vec::new();
+    for row in csv.lines().skip(1) {
+        let Some((text, label)) = row.rsplit_once(',') else {
+            continue;
+        };
+        let text = text.trim_matches('"').to_owned();
+        match by_intent.iter_mut().find(|(l, _)| l == label) {
+            Some((_, texts)) => texts.push(text),
+            None => by_intent.push((label.to_owned(), vec![text])),
+        }
+    }
+    by_intent
+        .into_iter()
+        .take(intents)
+        .flat_map(|(_, texts)| texts.into_iter().take(per_intent))
+        .collect()
+}
+
+#[test]
+fn the_batch_threshold_picks_the_codebook_level_of_bare_prompts() {
+    // Cohort ids are the nearest centroids of the shipped codebook, coarse to fine by
+    // x-cohort-batch-threshold (fingerprint/src/sketch/codebook.rs). Bare prompts (no
+    // system prompt or tools) are keyed by them; an application's system prompt keys its
+    // requests whatever the threshold.
+    let upstream = Upstream::start("u");
+    let envoy = affinity(&[&upstream], "{}");
+    let prompts = banking77(5, 20);
+    let mut clusters: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    let mut keys: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for threshold in ["0.1", "0.5", "0.9"] {
+        for text in &prompts {
+            let headers = [("x-cohort-batch-threshold", threshold)];
+            let response = post_json(envoy.listen_port, CHAT, &headers, &chat(None, text));
+            assert_eq!(response.status, 200);
+            let got = upstream.received().pop().unwrap();
+            let cluster = got.header("x-cohort-cluster").expect("a cohort id");
+            clusters
+                .entry(threshold)
+                .or_default()
+                .insert(cluster.to_owned());
+            let key = got.header("x-cohort-key").expect("a routing key");
+            keys.entry(threshold).or_default().insert(key.to_owned());
+        }
+    }
+    let count = |t: &str| clusters[t].len();
+    println!(
+        "distinct cohort ids over 100 prompts of 5 intents: {} / {} / {} at 0.1 / 0.5 / 0.9",
+        count("0.1"),
+        count("0.5"),
+        count("0.9")
+    );
+    assert!(count("0.1") < count("0.5") && count("0.5") < count("0.9"));
+    // The sketch's sign signature gave nearly every prompt an id of its own; the default
+    // level groups them (16 ids measured when the codebook was fitted).
+    assert!(count("0.5") <= 30, "{} ids", count("0.5"));
+    for threshold in ["0.1", "0.5", "0.9"] {
+        assert_eq!(
+            keys[threshold].len(),
+            count(threshold),
+            "bare prompts are keyed by cohort"
+        );
+    }
+
+    let app_key = |threshold: &str| {
+        let headers = [("x-cohort-batch-threshold", threshold)];
+        let body = chat(Some("You are the bank's support assistant."), &prompts[0]);
+        post_json(envoy.listen_port, CHAT, &headers, &body);
+        let got = upstream.received().pop().unwrap();
+        got.header("x-cohort-key").unwrap().to_owned()
+    };
+    assert_eq!(
+        app_key("0.1"),
+        app_key("0.9"),
+        "a system prompt anchors the key"
+    );
+}
+
 #[test]
 fn spoofed_routing_headers_never_take_effect() {
     let upstream = Upstream::start("u");

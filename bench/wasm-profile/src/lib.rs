@@ -74,7 +74,7 @@ pub fn run_step(step: u32, input: &[u8]) -> u64 {
         2 => json::parse(input).map_or(FAILED, |document| document.root().kind().len() as u64),
         3 => {
             let text = std::str::from_utf8(input).unwrap_or_default();
-            u64::from(IntentSketch::of_text(text, SemanticMode::default()).cohort())
+            u64::from(IntentSketch::of_text(text, SemanticMode::default()).cohort(0.5))
         }
         4 => prefix::block_hashes(input, 1).len() as u64,
         // The fingerprint as the filter computes it with no batcher: no block chain.

@@ -16,6 +16,7 @@
 //! integer arithmetic, so the bytes are identical on every platform, wasm32 included.
 //! Similarity is the cosine of the int8 vectors.
 
+pub mod codebook;
 pub mod distilled;
 pub mod hashed;
 pub mod table;

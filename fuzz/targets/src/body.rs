@@ -15,7 +15,10 @@ use cohort_fingerprint::error::BYPASS_REASONS;
 use cohort_fingerprint::mask::MAX_TOKENS;
 use cohort_fingerprint::normalize::is_invisible;
 use cohort_fingerprint::prefix::BLOCK_BYTES;
-use cohort_fingerprint::{fingerprint, Anchor, Fingerprint, Request, RoutingKey, TenantSalt};
+use cohort_fingerprint::sketch::codebook::NO_INTENT;
+use cohort_fingerprint::{
+    fingerprint, Anchor, Fingerprint, Knobs, Request, RoutingKey, TenantSalt,
+};
 
 const PATHS: [Option<&str>; 7] = [
     None,
@@ -83,12 +86,16 @@ fn assert_fingerprint(fp: &Fingerprint, salt: TenantSalt) {
         fp.prompt_bytes.div_ceil(BLOCK_BYTES)
     );
     assert_sketch(&fp.intent.sketch);
-    assert_eq!(fp.intent.cohort(), fp.intent.sketch.signature());
+    let code = fp.intent.cohort(Knobs::default().batch_threshold);
+    assert_eq!(
+        code == NO_INTENT,
+        fp.intent.sketch.0.iter().all(|&v| v == 0)
+    );
     assert!(fp.intent.tokens.len() <= MAX_TOKENS);
     let expected_anchor = if fp.has_stable_context {
         Anchor::StablePrefix(fp.stable_prefix)
     } else {
-        Anchor::Cohort(fp.intent.cohort())
+        Anchor::Cohort(code)
     };
     assert_eq!(fp.anchor, expected_anchor);
     assert_eq!(fp.routing_key, RoutingKey::new(salt, fp.anchor, None));

@@ -1,0 +1,78 @@
+//! How the codebook's cohort ids group intents, on Banking77's test split (data/intent,
+//! CC-BY-4.0; never part of the codebook's corpus).
+//!
+//! For each batch threshold level: the number of cohorts, purity and the share of
+//! same-intent pairs that share an id. Asserts that the threshold runs coarse to fine (more
+//! cohorts, purer ones, fewer shared pairs), and that the default level groups: the
+//! sketch's sign signature, the id before the codebook, gave 3,002 ids to these 3,080
+//! prompts and 0.1% of same-intent pairs shared one. `scripts/eval-sketch --grouping` has the
+//! full table beside MiniLM's own codebook. Run with `--nocapture` to see the numbers.
+
+use cohort_fingerprint::{Codebook, IntentSketch, SemanticMode};
+use std::collections::HashMap;
+use std::path::Path;
+
+fn banking77_test() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/intent/banking77_test.csv");
+    let mut reader = csv::Reader::from_path(&path).expect("data/intent is part of the repository");
+    reader
+        .records()
+        .map(|row| {
+            let row = row.expect("valid CSV");
+            (row[0].to_owned(), row[1].to_owned())
+        })
+        .collect()
+}
+
+/// (cohorts, purity, share of same-intent pairs sharing an id).
+fn grouping(codes: &[u32], labels: &[String]) -> (usize, f64, f64) {
+    let mut table: HashMap<(u32, &str), usize> = HashMap::new();
+    let mut per_label: HashMap<&str, usize> = HashMap::new();
+    for (code, label) in codes.iter().zip(labels) {
+        *table.entry((*code, label.as_str())).or_default() += 1;
+        *per_label.entry(label.as_str()).or_default() += 1;
+    }
+    let mut majority: HashMap<u32, usize> = HashMap::new();
+    for (&(code, _), &n) in &table {
+        let best = majority.entry(code).or_default();
+        *best = (*best).max(n);
+    }
+    let pairs = |n: usize| (n * n.saturating_sub(1) / 2) as f64;
+    let shared: f64 = table.values().map(|&n| pairs(n)).sum();
+    let all: f64 = per_label.values().map(|&n| pairs(n)).sum();
+    let purity = majority.values().sum::<usize>() as f64 / codes.len() as f64;
+    (majority.len(), purity, shared / all)
+}
+
+#[test]
+fn the_threshold_runs_coarse_to_fine_and_the_default_groups_intents() {
+    let rows = banking77_test();
+    let sketches: Vec<IntentSketch> = rows
+        .iter()
+        .map(|(text, _)| IntentSketch::of_text(text, SemanticMode::Intent))
+        .collect();
+    let labels: Vec<String> = rows.iter().map(|(_, label)| label.clone()).collect();
+    let levels = Codebook::embedded().levels();
+    let mut rows_out = Vec::new();
+    for level in 0..levels {
+        let threshold = 0.1 + 0.8 * level as f32 / (levels - 1) as f32;
+        let codes: Vec<u32> = sketches.iter().map(|s| s.cohort(threshold)).collect();
+        let (cohorts, purity, shared) = grouping(&codes, &labels);
+        println!(
+            "threshold {threshold:.2}: {cohorts} cohorts, purity {purity:.3}, \
+             same-intent pairs sharing an id {shared:.3}"
+        );
+        rows_out.push((threshold, cohorts, purity, shared));
+    }
+    let (first, last) = (rows_out[0], rows_out[levels - 1]);
+    assert!(first.1 < last.1, "more cohorts when finer");
+    assert!(first.2 < last.2, "purer when finer");
+    assert!(first.3 > last.3, "fewer shared pairs when finer");
+    let default = rows_out
+        .iter()
+        .find(|r| (r.0 - 0.5).abs() < 1e-3)
+        .expect("0.5 is a level");
+    // Measured when the codebook was fitted: 60 cohorts, 0.33 of same-intent pairs.
+    assert!(default.1 <= 128, "{} cohorts at the default", default.1);
+    assert!(default.3 >= 0.25, "{:.3} of same-intent pairs", default.3);
+}
