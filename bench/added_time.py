@@ -19,6 +19,10 @@ of its Assigns (docs/BENCHMARKS.md, "Where the added time goes"):
 
     .venv/bin/python bench/added_time.py --burst 8 --rate 60 --size 12000 [names]
 
+Names: round-robin, affinity, assign, and floor-grpc (the wasm floor making one gRPC call
+to `cohort serve` per request, bench/wasm-floor: the least a filter that asks a service
+pays).
+
 Needs scripts/setup, scripts/build-wasm and target/release/cohort.
 """
 import argparse
@@ -44,18 +48,24 @@ WORDS = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta"]
 
 
 ASSIGN_FILTER = '{"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]}'
+# `floor-grpc`: assign.yaml's Envoy with the wasm floor in place of the filter, reading the
+# body and making one gRPC call to `cohort serve` per request (bench/wasm-floor): what any
+# filter that asks a service per request pays, to set beside `assign`.
+FLOOR = os.path.join(ROOT, "target/wasm/cohort_wasm_floor.wasm")
+FLOOR_GRPC = "body+grpc:cohort-batcher-0"
 
 
 def start_envoy(name, workdir, ports):
     """istio/envoy/<name>.yaml with an access log of the stages (for `assign`, with `cohort
     serve` deciding); returns (procs, listen, log, admin)."""
     procs, mapping, filter_config = [], {}, None
-    if name == "assign":
+    config_name = "assign" if name == "floor-grpc" else name
+    if name in ("assign", "floor-grpc"):
         cohort, cports = stack.start_cohort(workdir, ports, prefix="added", front=False, replica_spec="vllm+")
         procs.append(cohort)
         mapping = {50051: cports["grpc"], 50052: cports["grpc"]}
-        filter_config = ASSIGN_FILTER
-    path, admin, listen = stack.envoy_config(name, workdir, ports, ports=mapping, filter_config=filter_config)
+        filter_config = ASSIGN_FILTER if name == "assign" else FLOOR_GRPC
+    path, admin, listen = stack.envoy_config(config_name, workdir, ports, ports=mapping, filter_config=filter_config)
     log = os.path.join(workdir, f"{name}-access.log")
     access_log = ("          access_log:\n          - name: envoy.access_loggers.file\n"
                   "            typed_config:\n"
@@ -64,6 +74,8 @@ def start_envoy(name, workdir, ports):
                   f"              log_format: {{ text_format_source: {{ inline_string: \"{STAGES}\\n\" }} }}\n")
     with open(path) as f:
         text = f.read().replace("          stat_prefix: ", access_log + "          stat_prefix: ", 1)
+    if name == "floor-grpc":
+        text = text.replace(f"filename: {stack.FILTER}", f"filename: {FLOOR}")
     with open(path, "w") as f:
         f.write(text)
     procs.append(stack.start_envoy(path, admin, os.path.join(workdir, f"{name}-envoy.log")))
@@ -136,11 +148,15 @@ def measure_bursts(name, workdir, ports, burst, rate, size, seconds):
     try:
         records = asyncio.run(replay())
         medians = envoy_medians(admin)
+        _status, calls = stack.get(admin, "/stats?filter=cluster.cohort-batcher-0.upstream_rq_completed")
     finally:
         stack.stop(procs)
     added = [r["ttft_ms"] - r["engine_ttft_ms"] for r in records
              if r["error"] is None and r["engine_ttft_ms"] is not None]
     stages = "  ".join(f"{k} {v / 1000:.2f}" for k, v in sorted(medians.items()))
+    calls = calls.decode().partition(": ")[2].strip()
+    if calls:
+        stages += f"  (gRPC calls to the batcher: {calls})"
     print(f"{name:12} burst {burst} at {rate:g}/s, {size // 1000} KB  added median "
           f"{statistics.median(added):6.2f} ms ({len(added)} of {len(records)} ok)  Envoy p50 ms: {stages}")
 

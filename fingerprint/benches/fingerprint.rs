@@ -6,7 +6,7 @@
 //! short turn, and a 1 KB prompt in sketch version 2 (the default) and version 1.
 
 use cohort_fingerprint::{
-    fingerprint, mask, normalize, IntentSketch, Request, SemanticMode, Sketch,
+    fingerprint, mask, normalize, Codebook, IntentSketch, Request, SemanticMode, Sketch,
 };
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 
@@ -71,6 +71,17 @@ fn bench(c: &mut Criterion) {
                 let tokens = mask::tokenize(&normalize::normalize(black_box(&prompt)));
                 Sketch::of_version(version, &tokens, SemanticMode::Intent)
             })
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("codebook");
+    let intent = IntentSketch::of_text(ASKS[0], SemanticMode::Intent);
+    for threshold in [0.1, 0.5, 0.9] {
+        let level = Codebook::embedded().level_for_threshold(threshold);
+        let k = Codebook::embedded().size(level);
+        group.bench_function(format!("cohort_k{k}"), |b| {
+            b.iter(|| black_box(&intent).cohort(black_box(threshold)))
         });
     }
     group.finish();

@@ -6,8 +6,8 @@ test prompts (domains the corpus never saw): the number of cohorts, purity (the 
 prompts in their cohort's majority intent), NMI against the intents, and the share of
 same-intent pairs that share an id. Beside it, the same codebook procedure run on MiniLM's
 own embeddings (all-MiniLM-L6-v2, 384 floats, `teacher.py`): spherical k-means of the same
-corpus at the same k, nearest centroid by cosine, one seed (the sketch's codebook takes the
-best of three). The cohort ids are the Rust core's (`sketch_tool cohort <threshold>`, the
+corpus at the same k (best of three seeds by inertia, as the sketch's codebook), nearest
+centroid by cosine. The cohort ids are the Rust core's (`sketch_tool cohort <threshold>`, the
 filter's code).
 
     python grouping.py --data DATA --corpus SHARED_DATA --model MODEL --tool SKETCH_TOOL
@@ -56,7 +56,7 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--tool", required=True)
     ap.add_argument("--cache", default=".cache/distill")
-    ap.add_argument("--minilm-levels", default="16,64,256",
+    ap.add_argument("--minilm-levels", default="4,8,16,32,64,128,256,512,1024",
                     help="the k at which MiniLM's own codebook is fitted (the slow part)")
     args = ap.parse_args()
     started = time.time()
@@ -81,7 +81,7 @@ def main():
                                     [t for _, t in corpus.part(args.corpus, which)])
                         for cache_name, which in parts])
                 if k not in centroids:
-                    centroids[k] = codebook.fit(teacher_corpus, k, seeds=1)
+                    centroids[k] = codebook.fit(teacher_corpus, k)
                     print(f"MiniLM codebook k = {k} after {time.time() - started:.0f} s", flush=True)
                 if emb is None:
                     emb = embed.texts(args.cache, args.model, f"{name.lower()}_test", texts)

@@ -13,7 +13,11 @@
 //!   fewest hostcalls — pause on the request headers, let Envoy buffer the body, read it
 //!   once complete, write one request header and clear the route cache, continue;
 //! - `body+clock:N`, `body+header:N`: `body` and N more hostcalls of one kind (reading the
-//!   clock; writing one more request header each), to price a hostcall against `body`.
+//!   clock; writing one more request header each), to price a hostcall against `body`;
+//! - `body+grpc:CLUSTER`: `body`, then one gRPC call to the batcher at CLUSTER (`Status`,
+//!   which answers from counters) before the request goes on: the least any filter that
+//!   asks a service per request pays for the round trip (`bench/added_time.py
+//!   floor-grpc`), to set beside assign mode.
 //!
 //! It is not part of the product; `scripts/build-wasm` builds it next to the filter.
 
@@ -23,12 +27,14 @@ mod floor {
     use proxy_wasm::traits::{Context, HttpContext, RootContext};
     use proxy_wasm::types::{Action, ContextType};
 
-    #[derive(Default, Clone, Copy)]
+    #[derive(Default, Clone)]
     pub struct FloorRoot {
         read_body: bool,
         /// Extra clock reads and extra header writes per request.
         clocks: usize,
         headers: usize,
+        /// The cluster of a gRPC call per request (`body+grpc:CLUSTER`).
+        grpc_cluster: Option<String>,
     }
 
     impl Context for FloorRoot {}
@@ -46,11 +52,12 @@ mod floor {
             };
             self.clocks = extra("body+clock:");
             self.headers = extra("body+header:");
+            self.grpc_cluster = config.strip_prefix("body+grpc:").map(str::to_owned);
             true
         }
 
         fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-            Some(Box::new(FloorHttp { root: *self }))
+            Some(Box::new(FloorHttp { root: self.clone() }))
         }
 
         fn get_type(&self) -> Option<ContextType> {
@@ -62,7 +69,12 @@ mod floor {
         root: FloorRoot,
     }
 
-    impl Context for FloorHttp {}
+    impl Context for FloorHttp {
+        fn on_grpc_call_response(&mut self, _token: u32, status: u32, _size: usize) {
+            self.set_http_request_header("x-floor-grpc-status", Some(&status.to_string()));
+            let _ = hostcalls::resume_http_request();
+        }
+    }
 
     impl HttpContext for FloorHttp {
         fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
@@ -96,6 +108,20 @@ mod floor {
                 self.set_http_request_header(&name, Some(&clock.to_string()));
             }
             let _ = hostcalls::call_foreign_function("clear_route_cache", Some(&[]));
+            if let Some(cluster) = &self.root.grpc_cluster {
+                let timeout = std::time::Duration::from_secs(1);
+                let call = hostcalls::dispatch_grpc_call(
+                    cluster,
+                    "cohort.v1.Batcher",
+                    "Status",
+                    Vec::new(),
+                    Some(&[]),
+                    timeout,
+                );
+                if call.is_ok() {
+                    return Action::Pause;
+                }
+            }
             Action::Continue
         }
     }
