@@ -89,19 +89,38 @@ impl<'a> Request<'a> {
     }
 }
 
-/// The semantic part of a fingerprint: masked tokens and their sketch.
+/// Seeds the hash of a text's anchor words.
+const ANCHOR_SEED: u64 = 0x616e_6368_6f72_7331;
+
+/// The semantic part of a fingerprint: masked tokens, their sketch, and the text's anchors.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IntentSketch {
     pub tokens: Vec<Token>,
     pub sketch: Sketch,
+    /// Hash of the words of the text's anchors (`【…】`, [`mask`]), 0 when it has none.
+    pub anchor: u64,
 }
 
 impl IntentSketch {
     /// Normalises, masks and sketches `text`.
     pub fn of_text(text: &str, mode: SemanticMode) -> IntentSketch {
-        let tokens = mask::tokenize(&normalize::normalize(text));
+        let (tokens, anchors) = mask::tokenize_anchored(&normalize::normalize(text));
         let sketch = Sketch::from_tokens(&tokens, mode);
-        IntentSketch { tokens, sketch }
+        let anchor = if anchors.is_empty() {
+            0
+        } else {
+            let mut words = String::new();
+            for word in &anchors {
+                words.push_str(word.as_str());
+                words.push('\u{1f}');
+            }
+            xxhash_rust::xxh3::xxh3_64_with_seed(words.as_bytes(), ANCHOR_SEED) | 1
+        };
+        IntentSketch {
+            tokens,
+            sketch,
+            anchor,
+        }
     }
 
     /// The masked tokens joined by spaces, for humans and logs.
@@ -114,8 +133,23 @@ impl IntentSketch {
     /// codebook at the level the threshold picks ([`sketch::codebook`]); the routing key's
     /// cohort anchor. Not salted; the cohort id shown to anyone is [`TenantSalt::cohort`]
     /// of it ([`Fingerprint::cohort`]).
+    ///
+    /// A text with anchors gets the code of its centroid *and* its anchor words: requests
+    /// that differ only in an anchored value ("recommend 【Electronics】" and "recommend
+    /// 【Books】") get different cohorts. Such codes have the top bit set; codebook codes
+    /// never do.
     pub fn cohort(&self, batch_threshold: f32) -> u32 {
-        Codebook::embedded().code(batch_threshold, &self.sketch)
+        let code = Codebook::embedded().code(batch_threshold, &self.sketch);
+        if self.anchor == 0 {
+            return code;
+        }
+        let mixed = xxhash_rust::xxh3::xxh3_64_with_seed(&code.to_le_bytes(), self.anchor) as u32;
+        let anchored = mixed | 1 << 31;
+        if anchored == sketch::codebook::NO_INTENT {
+            anchored - 1
+        } else {
+            anchored
+        }
     }
 }
 

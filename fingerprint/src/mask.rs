@@ -13,6 +13,13 @@
 //! - capitalised words that do not start a sentence (and are not "I" or an all-caps
 //!   acronym) → `<name>`: people, places and products in running text.
 //!
+//! **Anchors** are the exception a template writer asks for: text between `【` and `】`
+//! selects the behaviour ("recommend 【Electronics】 products"), so it is never masked. Its
+//! words are kept as words (case-folded, digits included), and they are returned apart
+//! ([`tokenize_anchored`]) so that the cohort id can tell the values apart
+//! ([`crate::IntentSketch::cohort`]): without the anchor, "Electronics" is a `<name>` and
+//! every category of the template is one cohort.
+//!
 //! Consecutive equal placeholders merge ("Mary Ann Smith" → one `<name>`). Words are
 //! case-folded (Unicode full folding). Emoji and other symbols become one token each; CJK
 //! ideographs and kana, written without spaces, become one token per character so the
@@ -74,15 +81,34 @@ impl Token {
     }
 }
 
+/// Opens an anchor (see the module doc).
+pub const ANCHOR_OPEN: char = '\u{3010}';
+/// Closes an anchor.
+pub const ANCHOR_CLOSE: char = '\u{3011}';
+
 /// Tokenises normalised text with variables masked.
 pub fn tokenize(text: &str) -> Vec<Token> {
+    tokenize_anchored(text).0
+}
+
+/// Tokenises normalised text with variables masked; also returns the words of its anchors,
+/// in order (empty when it has none).
+pub fn tokenize_anchored(text: &str) -> (Vec<Token>, Vec<Word>) {
     // About one token per five bytes of prose; the capacity only saves reallocations.
     let mut out = Tokens(Vec::with_capacity((text.len() / 5 + 1).min(MAX_TOKENS)));
+    let mut anchors = Vec::new();
     let mut sentence_start = true;
     for piece in split_blocks(text) {
         match piece {
             Piece::Masked(mask) => {
                 out.push(Token::Mask(mask));
+                sentence_start = false;
+            }
+            Piece::Anchor(body) => {
+                anchor_words(body, |word| {
+                    anchors.push(word.clone());
+                    out.push(Token::Word(word));
+                });
                 sentence_start = false;
             }
             Piece::Text(text) => tokenize_prose(text, &mut sentence_start, &mut out),
@@ -92,7 +118,31 @@ pub fn tokenize(text: &str) -> Vec<Token> {
         }
     }
     out.0.truncate(MAX_TOKENS);
-    out.0
+    (out.0, anchors)
+}
+
+/// The words of an anchor's text: runs of letters and digits, case-folded, none masked.
+pub(crate) fn anchor_words(body: &str, mut each: impl FnMut(Word)) {
+    for run in body
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|r| !r.is_empty())
+    {
+        each(if run.is_ascii() {
+            Word::ascii_lowercase(run)
+        } else {
+            Word::from(caseless::default_case_fold_str(run))
+        });
+    }
+}
+
+/// The length of an anchor (`【…】`, brackets included) at the start of `rest`, and its text.
+pub(crate) fn anchor(rest: &str) -> Option<(&str, usize)> {
+    let body = rest.strip_prefix(ANCHOR_OPEN)?;
+    let end = body.find(ANCHOR_CLOSE)?;
+    Some((
+        &body[..end],
+        ANCHOR_OPEN.len_utf8() + end + ANCHOR_CLOSE.len_utf8(),
+    ))
 }
 
 /// Tokens with equal consecutive masks merged.
@@ -119,9 +169,10 @@ impl Tokens {
 enum Piece<'a> {
     Text(&'a str),
     Masked(Mask),
+    Anchor(&'a str),
 }
 
-/// Splits out code blocks, inline code and long quotations.
+/// Splits out anchors, code blocks, inline code and long quotations.
 fn split_blocks(text: &str) -> Vec<Piece<'_>> {
     let mut pieces = Vec::new();
     let mut text_start = 0;
@@ -138,25 +189,29 @@ fn split_blocks(text: &str) -> Vec<Piece<'_>> {
                 .unwrap_or(text.len() - i);
             continue;
         }
-        let masked = if let Some(body) = rest.strip_prefix("```") {
+        let block = if let Some((body, len)) = anchor(rest) {
+            Some((Piece::Anchor(body), len))
+        } else if let Some(body) = rest.strip_prefix("```") {
             Some((
-                Mask::Code,
+                Piece::Masked(Mask::Code),
                 3 + body.find("```").map_or(body.len(), |end| end + 3),
             ))
         } else if let Some(body) = rest.strip_prefix('`') {
             match body.find(['`', '\n']) {
-                Some(end) if body.as_bytes()[end] == b'`' => Some((Mask::Code, end + 2)),
+                Some(end) if body.as_bytes()[end] == b'`' => {
+                    Some((Piece::Masked(Mask::Code), end + 2))
+                }
                 _ => None,
             }
         } else {
-            long_quote(rest).map(|len| (Mask::Document, len))
+            long_quote(rest).map(|len| (Piece::Masked(Mask::Document), len))
         };
-        match masked {
-            Some((mask, len)) => {
+        match block {
+            Some((piece, len)) => {
                 if text_start < i {
                     pieces.push(Piece::Text(&text[text_start..i]));
                 }
-                pieces.push(Piece::Masked(mask));
+                pieces.push(piece);
                 i += len;
                 text_start = i;
             }
@@ -387,6 +442,34 @@ mod tests {
             .iter()
             .map(|t| t.as_text().into_owned())
             .collect()
+    }
+
+    #[test]
+    fn anchors_keep_their_words_and_are_returned() {
+        let text = "Based on Mary's history recommend \u{3010}Electronics 4K\u{3011} products";
+        assert_eq!(
+            texts(text),
+            [
+                "based",
+                "on",
+                "<name>",
+                "history",
+                "recommend",
+                "electronics",
+                "4k",
+                "products"
+            ]
+        );
+        let (_, anchors) = tokenize_anchored(text);
+        let anchors: Vec<&str> = anchors.iter().map(Word::as_str).collect();
+        assert_eq!(anchors, ["electronics", "4k"]);
+        // Without the brackets the value is a name, and an unclosed bracket is punctuation.
+        assert_eq!(texts("recommend Electronics products")[1], "<name>");
+        assert_eq!(
+            texts("recommend \u{3010}Electronics products"),
+            ["recommend", "<name>", "products"]
+        );
+        assert!(tokenize_anchored("no anchors here").1.is_empty());
     }
 
     #[test]

@@ -76,3 +76,51 @@ fn the_threshold_runs_coarse_to_fine_and_the_default_groups_intents() {
     assert!(default.1 <= 128, "{} cohorts at the default", default.1);
     assert!(default.3 >= 0.25, "{:.3} of same-intent pairs", default.3);
 }
+
+#[test]
+fn an_anchored_value_splits_the_cohort_and_a_masked_one_does_not() {
+    // The recommendation template of the semantic-cohorts issue: the category selects the
+    // behaviour, but a capitalised category mid-sentence is masked as a name.
+    let categories = ["Electronics", "Gardening", "Books", "Toys", "Kitchen"];
+    let cohorts = |anchored: bool| -> std::collections::BTreeSet<u32> {
+        categories
+            .iter()
+            .map(|category| {
+                let value = if anchored {
+                    format!("\u{3010}{category}\u{3011}")
+                } else {
+                    (*category).to_owned()
+                };
+                let text = format!(
+                    "Based on my purchase history of running shoes and socks, recommend {value} \
+                     products I might like"
+                );
+                IntentSketch::of_text(&text, SemanticMode::Intent).cohort(0.5)
+            })
+            .collect()
+    };
+    assert_eq!(
+        cohorts(false).len(),
+        1,
+        "one cohort: the category is masked"
+    );
+    assert_eq!(
+        cohorts(true).len(),
+        categories.len(),
+        "one cohort per anchored category"
+    );
+    // The anchor's words count, not its spelling: case and spacing do not split a cohort.
+    let a = IntentSketch::of_text(
+        "recommend \u{3010}Home  Office\u{3011} desks",
+        SemanticMode::Intent,
+    );
+    let b = IntentSketch::of_text(
+        "recommend \u{3010}home office\u{3011} desks",
+        SemanticMode::Intent,
+    );
+    assert_eq!(a.cohort(0.5), b.cohort(0.5));
+    assert_ne!(
+        a.cohort(0.5),
+        cohort_fingerprint::sketch::codebook::NO_INTENT
+    );
+}

@@ -447,6 +447,37 @@ fn the_batch_threshold_picks_the_codebook_level_of_bare_prompts() {
 }
 
 #[test]
+fn an_anchored_category_gets_a_cohort_of_its_own_through_envoy() {
+    // The recommendation template: a capitalised category mid-sentence is masked as a
+    // name, so every category is one cohort; anchored (【…】) each is its own.
+    let upstream = Upstream::start("u");
+    let envoy = affinity(&[&upstream], "{}");
+    let categories = ["Electronics", "Gardening", "Books", "Toys", "Kitchen"];
+    let cohorts = |anchored: bool| -> BTreeSet<String> {
+        categories
+            .iter()
+            .map(|category| {
+                let value = if anchored {
+                    format!("\u{3010}{category}\u{3011}")
+                } else {
+                    (*category).to_owned()
+                };
+                let ask = format!(
+                    "Based on my purchase history of running shoes and socks, recommend {value} \
+                     products I might like"
+                );
+                let response = post_json(envoy.listen_port, CHAT, &[], &chat(None, &ask));
+                assert_eq!(response.status, 200);
+                let got = upstream.received().pop().unwrap();
+                got.header("x-cohort-cluster").unwrap().to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(cohorts(false).len(), 1);
+    assert_eq!(cohorts(true).len(), categories.len());
+}
+
+#[test]
 fn spoofed_routing_headers_never_take_effect() {
     let upstream = Upstream::start("u");
     let envoy = affinity(&[&upstream], "{}");

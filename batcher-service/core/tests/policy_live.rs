@@ -212,3 +212,35 @@ fn a_new_conversation_of_an_owned_cohort_goes_by_wait_not_to_its_owner() {
     assert_ne!(next.replica, first.replica, "not behind the owner's queue");
     assert_eq!(next.reason, ChoiceReason::LeastLoaded);
 }
+
+#[test]
+fn on_an_idle_fleet_a_new_prefix_goes_where_the_cache_has_room_not_to_its_cohort_owner() {
+    // The llama preset's shape: applications with their own system prompts and user
+    // turns of one intent cohort, arriving one at a time on an idle fleet (every expected
+    // wait equal). Each new application's prefix goes to the replica holding the fewest
+    // blocks; the cohort's owner would have taken them all and thrashed its cache.
+    let mut p = policy(3);
+    go_live(&mut p, 0);
+    let mut replicas = Vec::new();
+    for app in 0..6u64 {
+        let blocks: Vec<u64> = (0..4).map(|b| 1000 * (app + 1) + b).collect();
+        let c = p.choose(&RouteRequest {
+            blocks: &blocks,
+            cohort: Some(7),
+            similar: None,
+            resident_ms: u64::MAX,
+            cost: 1000,
+            now_ms: 10 * (app + 1),
+            track: true,
+        });
+        // It finishes before the next one arrives: the fleet is idle again.
+        p.first_byte(c.ticket, 5, 10 * (app + 1) + 5);
+        p.end(c.ticket, 200, 10 * (app + 1) + 6);
+        replicas.push(c.replica);
+    }
+    let mut per_replica = [0; 3];
+    for &r in &replicas {
+        per_replica[r] += 1;
+    }
+    assert_eq!(per_replica, [2, 2, 2], "{replicas:?}");
+}

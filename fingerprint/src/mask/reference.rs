@@ -1,8 +1,9 @@
 //! The masking tokenizer as it was before the single-pass rewrite (commit 0f41482), kept
 //! verbatim as the test oracle: `super::tests` checks on arbitrary and adversarial text
-//! that [`super::tokenize`] returns exactly what this returns.
+//! that [`super::tokenize`] returns exactly what this returns. Anchors (`【…】`, added
+//! after the rewrite) are split out by the same helpers as there.
 
-use super::{Mask, Token, LONG_QUOTE, MAX_TOKENS};
+use super::{anchor, anchor_words, Mask, Token, LONG_QUOTE, MAX_TOKENS};
 
 /// Tokenises normalised text with variables masked.
 pub fn tokenize(text: &str) -> Vec<Token> {
@@ -12,6 +13,10 @@ pub fn tokenize(text: &str) -> Vec<Token> {
         match piece {
             Piece::Masked(mask) => {
                 out.push(Token::Mask(mask));
+                sentence_start = false;
+            }
+            Piece::Anchor(body) => {
+                anchor_words(body, |word| out.push(Token::Word(word)));
                 sentence_start = false;
             }
             Piece::Text(text) => tokenize_prose(text, &mut sentence_start, &mut out),
@@ -42,6 +47,7 @@ impl Tokens {
 enum Piece<'a> {
     Text(&'a str),
     Masked(Mask),
+    Anchor(&'a str),
 }
 
 /// Splits out code blocks, inline code and long quotations.
@@ -58,6 +64,15 @@ fn split_blocks(text: &str) -> Vec<Piece<'_>> {
             while i < text.len() && !text.is_char_boundary(i) {
                 i += 1;
             }
+            continue;
+        }
+        if let Some((body, len)) = anchor(rest) {
+            if text_start < i {
+                pieces.push(Piece::Text(&text[text_start..i]));
+            }
+            pieces.push(Piece::Anchor(body));
+            i += len;
+            text_start = i;
             continue;
         }
         let masked = if let Some(body) = rest.strip_prefix("```") {

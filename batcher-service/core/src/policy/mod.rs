@@ -54,15 +54,21 @@
 //!    all are) and `P_r ≤ bound`. `balance` is the one knob that trades hits for balance
 //!    (∞ = prefix only, 1.0 = strict least cost).
 //! 3. Among eligible replicas pick the greatest
-//!    `(matched_r, −P_r, cohort rank, similar_r, −held_r)` on live load,
+//!    `(matched_r, −P_r, −held_r, cohort rank, similar_r)` on live load,
 //!    `(matched_r, cohort rank, −P_r, similar_r, −held_r)` on the estimate: the
-//!    longest prefix wins; among equal prefixes the least expected wait, then the
-//!    cohort's primary then secondary owner (on the estimate the owner comes first: its
-//!    differences of decayed work are history, not queue); then, while the cohort has no
-//!    owner, the replica the most similar past requests went to (`similar_r`, from the
-//!    fingerprint store, [`crate::neighbours`]); then the fewest blocks held, so
-//!    a new prefix on an idle fleet goes where the cache has most room (as SGLang's
-//!    smallest tree). Putting the owner before the wait on live load sent every new
+//!    longest prefix wins; among equal prefixes the least expected wait; then, on live
+//!    load, the fewest blocks held, so a new prefix on an idle fleet goes where the cache
+//!    has most room (as SGLang's smallest tree); then the cohort's primary then secondary
+//!    owner (on the estimate the owner comes first: its differences of decayed work are
+//!    history, not queue); then, while the cohort has no owner, the replica the most
+//!    similar past requests went to (`similar_r`, from the fingerprint store,
+//!    [`crate::neighbours`]). On live load the owner came before the room until
+//!    2026-12-06: on an idle fleet (every wait 0) each new application's first request
+//!    then went to its intent cohort's owner, and with Banking77 user turns under every
+//!    system prompt that was one replica for all of them; three llama-server replicas of
+//!    two slots each (`scripts/bench-peers --preset llama`) thrashed it: 0.39 of prompt
+//!    tokens cached against affinity's 0.46, TTFT p50 458 ms against 136.
+//!    Putting the owner before the wait on live load sent every new
 //!    Mooncake conversation (one intent cohort) to one replica until it hit the bound,
 //!    and then its conversations' next turns spilled off their history (measured:
 //!    `load_spill` 384 of 1,177 decisions either way, but hits 0.145 → 0.161 and
@@ -587,22 +593,26 @@ impl Policy {
                 Some(b) => {
                     let (mr, mb) = (self.matched[r], self.matched[b]);
                     let (pr, pb) = (self.projected[r], self.projected[b]);
-                    // Equal prefixes: on live load the expected wait decides before the
-                    // cohort owner (a real cost against a guess); on the estimate the
-                    // owner decides first (differences of decayed work within the bound
-                    // are history, not queue).
-                    let (first, second) = if live {
-                        (pb.total_cmp(&pr), rank(r).cmp(&rank(b)))
+                    // Equal prefixes: on live load the expected wait decides, then the
+                    // cache room (fewest blocks held), then the cohort owner: a new
+                    // prefix on an idle fleet goes where it evicts least, not where its
+                    // intent cohort went (same intent is not same prefix). On the
+                    // estimate the owner decides first (differences of decayed work
+                    // within the bound are history, not queue).
+                    let room = self.states[b].len().cmp(&self.states[r].len());
+                    let order = if live {
+                        pb.total_cmp(&pr)
+                            .then(room)
+                            .then(rank(r).cmp(&rank(b)))
+                            .then(similar_rank(r).cmp(&similar_rank(b)))
                     } else {
-                        (rank(r).cmp(&rank(b)), pb.total_cmp(&pr))
+                        rank(r)
+                            .cmp(&rank(b))
+                            .then(pb.total_cmp(&pr))
+                            .then(similar_rank(r).cmp(&similar_rank(b)))
+                            .then(room)
                     };
-                    mr > mb
-                        || (mr == mb
-                            && first
-                                .then(second)
-                                .then(similar_rank(r).cmp(&similar_rank(b)))
-                                .then(self.states[b].len().cmp(&self.states[r].len()))
-                                .is_gt())
+                    mr > mb || (mr == mb && order.is_gt())
                 }
             };
             if better {

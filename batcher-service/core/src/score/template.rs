@@ -16,8 +16,12 @@
 //!   repetitive prefix carries little, however long the template is.
 //!
 //! Findings name what to change: a variable at the very start, a time- or id-like
-//! variable inside the first blocks, a prefix too small to fill one cache block.
+//! variable inside the first blocks, a prefix too small to fill one cache block, and a
+//! variable whose values masking erases from the intent text (a capitalised category is a
+//! `<name>`), which puts every value in one cohort unless the template anchors it
+//! (`【{category}】`, [`cohort_fingerprint::mask`]).
 
+use cohort_fingerprint::{IntentSketch, SemanticMode};
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -133,6 +137,70 @@ fn entropy_bits(text: &str) -> f64 {
     }
 }
 
+/// Two values a behaviour-selecting variable might take (a product category, a mode).
+const PROBES: [&str; 2] = ["Electronics", "Gardening"];
+
+/// Variable names (last dotted part, lowercase, `_`-separated words) that usually select
+/// the behaviour asked for rather than fill in data: a template cannot say which of its
+/// variables do, so the finding is limited to these.
+const SELECTORS: [&str; 16] = [
+    "category",
+    "type",
+    "kind",
+    "mode",
+    "style",
+    "tone",
+    "topic",
+    "genre",
+    "intent",
+    "action",
+    "task",
+    "segment",
+    "tier",
+    "plan",
+    "language",
+    "department",
+];
+
+fn is_selector(name: &str) -> bool {
+    let lower = name.to_lowercase();
+    let base = lower.rsplit('.').next().unwrap_or(&lower);
+    base.split('_').any(|word| SELECTORS.contains(&word))
+}
+
+/// The behaviour-selecting variables ([`SELECTORS`]) whose value masking erases: rendered
+/// with each of [`PROBES`] (every other variable as `x`), the template gives the same masked
+/// tokens, so the value cannot tell cohorts apart. The whole rendering stands in for the
+/// intent text. A variable inside an anchor (`【…】`) keeps its words and is never reported.
+fn erased_variables(text: &str, found: &[Placeholder]) -> Vec<String> {
+    let mut names: Vec<&str> = found
+        .iter()
+        .map(|p| p.name.as_str())
+        .filter(|name| is_selector(name))
+        .collect();
+    names.dedup();
+    let render = |probe_name: &str, probe: &str| {
+        let mut out = String::with_capacity(text.len());
+        let mut at = 0;
+        for p in found {
+            out.push_str(&text[at..p.start]);
+            out.push_str(if p.name == probe_name { probe } else { "x" });
+            at = p.end;
+        }
+        out.push_str(&text[at..]);
+        IntentSketch::of_text(&out, SemanticMode::Intent).tokens
+    };
+    let mut erased = Vec::new();
+    for name in names {
+        if !erased.iter().any(|e: &String| e == name)
+            && render(name, PROBES[0]) == render(name, PROBES[1])
+        {
+            erased.push(name.to_owned());
+        }
+    }
+    erased
+}
+
 /// Analyses one template.
 pub fn analyse(text: &str, variable_bytes: usize, block_bytes: usize) -> TemplateReport {
     let block_bytes = block_bytes.max(1);
@@ -177,6 +245,14 @@ pub fn analyse(text: &str, variable_bytes: usize, block_bytes: usize) -> Templat
             "low-entropy prefix: {prefix_entropy_bits:.0} bits shared by every rendering"
         ));
     }
+    findings.extend(erased_variables(text, &found).into_iter().map(|name| {
+        format!(
+            "{{{name}}}: a capitalised value (e.g. `{}`) is masked as <name> in the intent text, \
+             so requests that differ only in it share one cohort; if it selects the behaviour, \
+             anchor it: 【{{{name}}}】",
+            PROBES[0]
+        )
+    }));
     TemplateReport {
         template_bytes: text.len(),
         static_bytes,
@@ -195,6 +271,31 @@ mod tests {
     use super::*;
 
     const SYSTEM: &str = "You are the support assistant of the Example Bank. Answer in two sentences, cite the policy section, never reveal account numbers, and offer the secure-message link when a customer is locked out. Escalate fraud reports to a human agent at once, and keep a friendly, precise tone in every language the customer writes in. ";
+
+    #[test]
+    fn a_masked_behaviour_selecting_variable_is_found_and_an_anchored_one_is_not() {
+        // {history} is masked too, but it fills in data: only selector names are reported.
+        let plain = "Based on my history {history} recommend {category} products.";
+        let report = analyse(plain, DEFAULT_VARIABLE_BYTES, DEFAULT_BLOCK_BYTES);
+        let erased: Vec<&String> = report
+            .findings
+            .iter()
+            .filter(|f| f.contains("is masked as <name>"))
+            .collect();
+        assert_eq!(erased.len(), 1, "{:?}", report.findings);
+        assert!(erased[0].starts_with("{category}"), "{}", erased[0]);
+        let anchored =
+            "Based on my history {history} recommend \u{3010}{category}\u{3011} products.";
+        let report = analyse(anchored, DEFAULT_VARIABLE_BYTES, DEFAULT_BLOCK_BYTES);
+        assert!(
+            !report
+                .findings
+                .iter()
+                .any(|f| f.contains("is masked as <name>")),
+            "{:?}",
+            report.findings
+        );
+    }
 
     #[test]
     fn finds_every_placeholder_syntax() {
