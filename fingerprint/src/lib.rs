@@ -214,10 +214,11 @@ pub fn fingerprint_with(
         .or(prompt.last_user_text())
         .unwrap_or("");
     let intent = intent_sketch(intent_text, request.semantic_mode);
+    let cohort = intent.cohort(request.batch_threshold);
     let anchor = if prompt.has_stable_context() {
         Anchor::StablePrefix(stable_prefix)
     } else {
-        Anchor::Cohort(intent.cohort(request.batch_threshold))
+        Anchor::Cohort(cohort)
     };
     Ok(Fingerprint {
         api: prompt.api,
@@ -226,7 +227,7 @@ pub fn fingerprint_with(
         prefix_blocks,
         prompt_bytes,
         routing_key: RoutingKey::new(request.salt, anchor, request.app_routing_key),
-        cohort: request.salt.cohort(intent.cohort(request.batch_threshold)),
+        cohort: request.salt.cohort(cohort),
         anchor,
         intent,
         semantic_mode: request.semantic_mode,
