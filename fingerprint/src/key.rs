@@ -116,7 +116,7 @@ mod tests {
         assert_ne!(a.cohort(0x1234_5678), b.cohort(0x1234_5678));
         assert_eq!(a.cohort(0x1234_5678), a.cohort(0x1234_5678));
         assert_ne!(a.cohort(0x1234_5678), a.cohort(0x1234_5679));
-        assert_ne!(a.cohort(7), 7, "not the bare signature");
+        assert_ne!(a.cohort(7), 7, "not the bare code");
     }
 
     #[test]

@@ -171,8 +171,8 @@ pub struct Fingerprint {
     pub semantic_mode: SemanticMode,
     pub anchor: Anchor,
     pub routing_key: RoutingKey,
-    /// The cohort id (`x-cohort-cluster`): the sketch signature salted per tenant
-    /// ([`TenantSalt::cohort`]).
+    /// The cohort id (`x-cohort-cluster`): the cohort code ([`IntentSketch::cohort`])
+    /// salted per tenant ([`TenantSalt::cohort`]).
     pub cohort: u32,
 }
 

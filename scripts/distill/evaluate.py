@@ -15,13 +15,12 @@ import argparse
 import collections
 import csv
 import json
-import math
 import re
 
 import numpy as np
 
 import embed
-from vectors import kmeans, rust_sketches, unit
+from vectors import grouping, kmeans, rust_sketches, unit
 
 
 def load_csv(path, split=None):
@@ -66,15 +65,7 @@ def one_nn(store, store_labels, queries, query_labels):
 
 def purity_nmi(x, labels, k):
     best = min((kmeans(x, k, seed) for seed in range(3)), key=lambda r: r[1])[0]
-    truth = np.unique(labels, return_inverse=True)[1]
-    n = len(truth)
-    table = collections.Counter(zip(best, truth))
-    purity = sum(max(v for (c, _), v in table.items() if c == cl) for cl in set(best)) / n
-    pc = collections.Counter(best)
-    pt = collections.Counter(truth)
-    mi = sum(v / n * math.log(v * n / (pc[c] * pt[t])) for (c, t), v in table.items())
-    h = lambda counts: -sum(v / n * math.log(v / n) for v in counts.values())
-    nmi = 2 * mi / (h(pc) + h(pt))
+    _, purity, nmi, _ = grouping(list(best), list(labels))
     return purity, nmi
 
 

@@ -13,9 +13,7 @@ filter's code).
     python grouping.py --data DATA --corpus SHARED_DATA --model MODEL --tool SKETCH_TOOL
 """
 import argparse
-import collections
 import json
-import math
 import subprocess
 import time
 
@@ -25,7 +23,7 @@ import codebook
 import corpus
 import embed
 from evaluate import load_csv
-from vectors import unit
+from vectors import grouping, unit
 
 
 def cohort_codes(tool, texts, threshold):
@@ -33,20 +31,6 @@ def cohort_codes(tool, texts, threshold):
     out = subprocess.run([tool, "cohort", f"{threshold:.6f}"], input=stdin,
                          capture_output=True, text=True, check=True).stdout
     return out.split()[: len(texts)]
-
-
-def grouping(pred, truth):
-    """(cohorts, purity, NMI, same-intent pairs sharing an id)."""
-    n = len(truth)
-    table = collections.Counter(zip(pred, truth))
-    pc, pt = collections.Counter(pred), collections.Counter(truth)
-    purity = sum(max(v for (c, _), v in table.items() if c == cl) for cl in pc) / n
-    mi = sum(v / n * math.log(v * n / (pc[c] * pt[t])) for (c, t), v in table.items())
-    h = lambda counts: -sum(v / n * math.log(v / n) for v in counts.values())  # noqa: E731
-    nmi = 2 * mi / (h(pc) + h(pt)) if h(pc) + h(pt) > 0 else 0.0
-    same = sum(v * (v - 1) / 2 for v in table.values())
-    pairs = sum(v * (v - 1) / 2 for v in pt.values())
-    return len(pc), purity, nmi, same / pairs
 
 
 def main():

@@ -1,9 +1,12 @@
-"""Vectors for the distillation scripts: the Rust sketch of texts, unit rows, spherical k-means.
+"""Vectors for the distillation scripts: the Rust sketch of texts, unit rows, spherical k-means,
+and how a labelling groups (purity, NMI, shared pairs).
 
 Shared by `evaluate.py` (the sketch table's scores) and `codebook.py` (the cohort codebook);
 numpy only, so the codebook can be fitted without the teacher's packages.
 """
+import collections
 import json
+import math
 import subprocess
 
 import numpy as np
@@ -44,3 +47,17 @@ def kmeans(x, k, seed, iterations=30):
     sims = x @ c.T
     labels = sims.argmax(axis=1)
     return labels, float((1 - sims.max(axis=1)).sum())
+
+
+def grouping(pred, truth):
+    """(cohorts, purity, NMI, same-intent pairs sharing an id)."""
+    n = len(truth)
+    table = collections.Counter(zip(pred, truth))
+    pc, pt = collections.Counter(pred), collections.Counter(truth)
+    purity = sum(max(v for (c, _), v in table.items() if c == cl) for cl in pc) / n
+    mi = sum(v / n * math.log(v * n / (pc[c] * pt[t])) for (c, t), v in table.items())
+    h = lambda counts: -sum(v / n * math.log(v / n) for v in counts.values())  # noqa: E731
+    nmi = 2 * mi / (h(pc) + h(pt)) if h(pc) + h(pt) > 0 else 0.0
+    same = sum(v * (v - 1) / 2 for v in table.values())
+    pairs = sum(v * (v - 1) / 2 for v in pt.values())
+    return len(pc), purity, nmi, same / pairs

@@ -102,15 +102,6 @@ impl Sketch {
         (f64::from(dot) / (f64::from(norm_a) * f64::from(norm_b)).sqrt()) as f32
     }
 
-    /// 32-bit sign signature (bit `i` set when dimension `i` is positive): a locality-
-    /// sensitive bucket; equal sketches always share it, near ones usually do.
-    pub fn signature(&self) -> u32 {
-        self.0
-            .iter()
-            .enumerate()
-            .fold(0u32, |sig, (i, v)| if *v > 0 { sig | 1 << i } else { sig })
-    }
-
     /// The 32 bytes as unpadded base64url (43 characters), the `x-cohort-fp` value.
     pub fn to_base64url(&self) -> String {
         URL_SAFE_NO_PAD.encode(self.0.map(|v| v as u8))
@@ -229,14 +220,5 @@ mod tests {
         assert_eq!(text.len(), 43);
         assert_eq!(Sketch::from_base64url(&text), Some(s));
         assert_eq!(Sketch::from_base64url("short"), None);
-    }
-
-    #[test]
-    fn signature_reflects_signs() {
-        let mut s = Sketch::default();
-        s.0[0] = 5;
-        s.0[31] = 1;
-        s.0[2] = -3;
-        assert_eq!(s.signature(), 1 | 1 << 31);
     }
 }

@@ -173,12 +173,12 @@ fn is_selector(name: &str) -> bool {
 /// tokens, so the value cannot tell cohorts apart. The whole rendering stands in for the
 /// intent text. A variable inside an anchor (`【…】`) keeps its words and is never reported.
 fn erased_variables(text: &str, found: &[Placeholder]) -> Vec<String> {
-    let mut names: Vec<&str> = found
-        .iter()
-        .map(|p| p.name.as_str())
-        .filter(|name| is_selector(name))
-        .collect();
-    names.dedup();
+    let mut names: Vec<&str> = Vec::new();
+    for p in found {
+        if is_selector(&p.name) && !names.contains(&p.name.as_str()) {
+            names.push(&p.name);
+        }
+    }
     let render = |probe_name: &str, probe: &str| {
         let mut out = String::with_capacity(text.len());
         let mut at = 0;
@@ -190,15 +190,11 @@ fn erased_variables(text: &str, found: &[Placeholder]) -> Vec<String> {
         out.push_str(&text[at..]);
         IntentSketch::of_text(&out, SemanticMode::Intent).tokens
     };
-    let mut erased = Vec::new();
-    for name in names {
-        if !erased.iter().any(|e: &String| e == name)
-            && render(name, PROBES[0]) == render(name, PROBES[1])
-        {
-            erased.push(name.to_owned());
-        }
-    }
-    erased
+    names
+        .into_iter()
+        .filter(|name| render(name, PROBES[0]) == render(name, PROBES[1]))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Analyses one template.
