@@ -93,6 +93,7 @@ fn request_info(plan: &RequestPlan, fp: &Fingerprint) -> pb::RequestInfo {
         model: fp.model.clone(),
         request_id: plan.request_id.clone().unwrap_or_default(),
         mode: String::new(),
+        authority: plan.authority.clone(),
     }
 }
 
@@ -130,6 +131,7 @@ pub fn observation(
         mode: mode.as_str().to_owned(),
         progress: None,
         bypass: String::new(),
+        exemplar: Vec::new(),
     }
 }
 
@@ -184,6 +186,7 @@ pub fn progress_observation(
             elapsed_ms,
         }),
         bypass: String::new(),
+        exemplar: Vec::new(),
     }
 }
 
@@ -207,6 +210,8 @@ pub struct Assignment {
     pub reason: String,
     /// The decision's id for progress reports (0: the batcher wants none).
     pub ticket: u64,
+    /// The batcher wants the body as its cohort's warm-up exemplar (assign mode).
+    pub exemplar_wanted: bool,
 }
 
 /// Decodes and checks an `AssignReply`.
@@ -229,6 +234,7 @@ pub fn read_assign_reply(bytes: &[u8]) -> Result<Assignment, ReplyError> {
         cluster: reply.cluster,
         reason,
         ticket: reply.ticket,
+        exemplar_wanted: reply.exemplar_wanted,
     })
 }
 
@@ -471,6 +477,7 @@ mod tests {
                 matched_blocks: 3,
                 reason: "prefix".into(),
                 ticket: 77,
+                exemplar_wanted: true,
             }
             .encode_to_vec()
         };
@@ -479,6 +486,7 @@ mod tests {
         assert_eq!(ok.shard, "replica-1");
         assert_eq!(ok.cluster, "0000002a");
         assert_eq!(ok.reason, "prefix");
+        assert!(ok.exemplar_wanted);
         assert!(matches!(
             read_assign_reply(&encode("", "x")),
             Err(ReplyError::BadShard(_))

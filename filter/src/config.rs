@@ -19,12 +19,14 @@
 //!   "histogram_sample_every": 8,
 //!   "headers": { "key": "x-cohort-key", "...": "..." },
 //!   "rollout": { "share": 1.0, "key_header": "x-cohort-session" },
+//!   "knobs": { "global": {}, "routes": [], "tenants": {} },
 //!   "breaker": { "enabled": true, "window_s": 10, "max_error_rate": 0.005, "...": "..." }
 //! }
 //! ```
 
 use crate::breaker::BreakerConfig;
 use crate::rollout::Rollout;
+use cohort_fingerprint::knobs::policy::{KnobPolicy, KnobPolicyError};
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -97,6 +99,9 @@ pub struct FilterConfig {
     pub rollout: Rollout,
     /// The automatic breaker ([`crate::breaker`]).
     pub breaker: BreakerConfig,
+    /// Operator defaults and bounds of the client knobs, per route and per tenant
+    /// ([`cohort_fingerprint::knobs::policy`]).
+    pub knobs: KnobPolicy,
 }
 
 impl Default for FilterConfig {
@@ -123,6 +128,7 @@ impl Default for FilterConfig {
             headers: HeaderNames::default(),
             rollout: Rollout::default(),
             breaker: BreakerConfig::default(),
+            knobs: KnobPolicy::default(),
         }
     }
 }
@@ -156,6 +162,8 @@ pub enum ConfigError {
         min: f64,
         max: f64,
     },
+    #[error(transparent)]
+    Knobs(#[from] KnobPolicyError),
     #[error("rollout.key_header {0:?} must be a lowercase HTTP token that Cohort does not reserve for itself")]
     RolloutKeyHeader(String),
 }
@@ -216,6 +224,7 @@ impl FilterConfig {
             return Err(ConfigError::NoBatcher(self.mode.as_str()));
         }
         self.headers.validate(&self.tenant_header)?;
+        self.knobs.validate()?;
         self.validate_rollout()
     }
 

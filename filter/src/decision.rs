@@ -13,6 +13,7 @@
 use crate::breaker;
 use crate::config::FilterConfig;
 use crate::rollout::{self, BUCKETS, REQUEST_ID};
+use cohort_fingerprint::knobs::policy::RouteOf;
 use cohort_fingerprint::knobs::{ParsedKnobs, RawKnobs};
 use cohort_fingerprint::{
     fingerprint_with, Fingerprint, IntentSketch, Request, SemanticMode, TenantSalt, SKETCH_VERSION,
@@ -73,6 +74,8 @@ pub fn spoofed_headers<'c>(config: &'c FilterConfig, headers: &[(String, String)
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestPlan {
     pub path: String,
+    /// `:authority`: with the path, the route the knob policy matched.
+    pub authority: String,
     pub knobs: ParsedKnobs,
     pub original_query: Option<String>,
     pub app_routing_key: Option<String>,
@@ -152,20 +155,23 @@ pub fn inspect_headers(
         }
     }
     let names = &config.headers;
+    let tenant = if config.trust_tenant_header {
+        first(headers, &config.tenant_header)
+    } else {
+        peer_principal.filter(|p| !p.is_empty())
+    };
+    let authority = first(headers, ":authority").unwrap_or("");
+    let route = RouteOf { authority, path };
     let knobs = RawKnobs {
         prefetch: first(headers, &names.prefetch),
         batch_threshold: first(headers, &names.batch_threshold),
         cache_ttl: first(headers, &names.cache_ttl),
         semantic_mode: first(headers, &names.semantic_mode),
     }
-    .parse();
-    let tenant = if config.trust_tenant_header {
-        first(headers, &config.tenant_header)
-    } else {
-        peer_principal.filter(|p| !p.is_empty())
-    };
+    .parse_within(&config.knobs.limits(route, tenant));
     HeadersVerdict::Buffer(Box::new(RequestPlan {
         path: path.to_owned(),
+        authority: authority.to_owned(),
         knobs,
         original_query: first(headers, &names.original_query).map(str::to_owned),
         app_routing_key: first(headers, &names.routing_key).map(str::to_owned),

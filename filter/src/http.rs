@@ -37,6 +37,9 @@ struct Assigning {
     routing: Routing,
     shard_index: usize,
     started: SystemTime,
+    /// The body as read for the fingerprint (kept, not copied, for the batcher's
+    /// `exemplar_wanted`).
+    body: Vec<u8>,
 }
 
 enum State {
@@ -295,6 +298,7 @@ impl CohortHttp {
                         routing,
                         shard_index: index,
                         started: now,
+                        body,
                     }));
                     return Action::Pause;
                 }
@@ -303,7 +307,7 @@ impl CohortHttp {
                     if let Some(stats) = &shared.stats {
                         stats.inc(stats.assign_error);
                     }
-                    self.observe(&plan, &routing, shard_index, None);
+                    self.observe(&plan, &routing, shard_index, None, Vec::new());
                     self.state = State::Routed {
                         cluster: routing.cluster,
                         shard: None,
@@ -313,7 +317,7 @@ impl CohortHttp {
                 }
             }
         }
-        self.observe(&plan, &routing, shard_index, None);
+        self.observe(&plan, &routing, shard_index, None, Vec::new());
         self.state = State::Routed {
             cluster: routing.cluster,
             shard: None,
@@ -331,13 +335,15 @@ impl CohortHttp {
         let _ = hostcalls::call_foreign_function("clear_route_cache", Some(&[]));
     }
 
-    /// Queues the request's observation for the root context, if observations are on.
+    /// Queues the request's observation for the root context, if observations are on;
+    /// `exemplar` is the body when the batcher asked for it (else empty).
     fn observe(
         &self,
         plan: &RequestPlan,
         routing: &Routing,
         shard_index: Option<usize>,
         shard: Option<&str>,
+        exemplar: Vec<u8>,
     ) {
         let (Ok(config), Some(index)) = (&self.shared.config, shard_index) else {
             return;
@@ -346,7 +352,9 @@ impl CohortHttp {
             return;
         }
         let now = unix_ms(self.get_current_time());
-        let observation = batcher::observation(plan, &routing.fingerprint, config.mode, shard, now);
+        let mut observation =
+            batcher::observation(plan, &routing.fingerprint, config.mode, shard, now);
+        observation.exemplar = exemplar;
         let queued = self.shared.outbox.borrow_mut().push(index, observation);
         if !queued {
             if let Some(stats) = &self.shared.stats {
@@ -387,6 +395,7 @@ impl Context for CohortHttp {
             routing,
             shard_index,
             started,
+            body,
             ..
         } = *pending;
         let shared = Rc::clone(&self.shared);
@@ -422,11 +431,21 @@ impl Context for CohortHttp {
             Err("error")
         };
         let mut cluster = routing.cluster.clone();
+        let mut exemplar = Vec::new();
         let (shard, fallback) = match (reply, shared.config.as_ref()) {
             (Ok(assignment), Ok(config)) => {
+                if assignment.exemplar_wanted && body.len() <= cohort_proto::EXEMPLAR_MAX_BYTES {
+                    exemplar = body;
+                }
                 let mut headers = vec![(config.headers.shard.clone(), assignment.shard.clone())];
                 if config.mode == Mode::Batch {
                     headers.push((config.headers.batch.clone(), shard_index.to_string()));
+                    // The front warms predicted cohorts at the level the operator's knob
+                    // policy let this request have, not at whatever the client sent.
+                    headers.push((
+                        config.headers.prefetch.clone(),
+                        plan.knobs.knobs.prefetch.as_str().to_owned(),
+                    ));
                     // The front salts engine caches per tenant (vLLM `cache_salt`): hand it
                     // the tenant the mesh established (a client's value was removed).
                     if let Some(tenant) = &plan.tenant {
@@ -465,7 +484,13 @@ impl Context for CohortHttp {
                 (None, Some(fallback))
             }
         };
-        self.observe(&plan, &routing, Some(shard_index), shard.as_deref());
+        self.observe(
+            &plan,
+            &routing,
+            Some(shard_index),
+            shard.as_deref(),
+            exemplar,
+        );
         self.state = State::Routed {
             cluster,
             shard,

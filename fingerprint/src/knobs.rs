@@ -24,7 +24,10 @@ pub mod header {
     pub const SESSION: &str = "x-cohort-session";
 }
 
+pub mod policy;
+
 use crate::sketch::SemanticMode;
+use policy::KnobLimits;
 
 /// How aggressively to warm predicted cohorts: the knob's values, and the batcher's
 /// `prefetch.default_level` (the one prefetch level type; the batcher's core maps each to
@@ -188,27 +191,42 @@ impl<'a> RawKnobs<'a> {
         }
     }
 
-    /// Parses and clamps every knob.
+    /// Parses and clamps every knob to the contract's ranges and defaults.
     pub fn parse(&self) -> ParsedKnobs {
-        let mut parsed = ParsedKnobs::default();
-        let defaults = Knobs::default();
+        self.parse_within(&KnobLimits::default())
+    }
+
+    /// Parses every knob, clamped to `limits` (an operator's bounds, [`policy`]); an
+    /// absent or malformed value takes the limits' default.
+    pub fn parse_within(&self, limits: &KnobLimits) -> ParsedKnobs {
+        let defaults = limits.defaults;
+        let mut parsed = ParsedKnobs {
+            knobs: defaults,
+            invalid: Vec::new(),
+        };
         let mut report = |knob, problem| parsed.invalid.push(InvalidKnob { knob, problem });
 
         if let Some(raw) = self.prefetch {
             match Prefetch::parse(raw) {
-                Some(level) => parsed.knobs.prefetch = level,
+                Some(level) => {
+                    let capped = limits.cap_prefetch(level);
+                    if capped != level {
+                        report(KnobName::Prefetch, KnobProblem::Clamped);
+                    }
+                    parsed.knobs.prefetch = capped;
+                }
                 None => report(KnobName::Prefetch, KnobProblem::Malformed),
             }
         }
         if let Some(raw) = self.batch_threshold {
-            let (value, problem) = clamp_f32(raw, BATCH_THRESHOLD_RANGE, defaults.batch_threshold);
+            let (value, problem) = clamp_f32(raw, limits.batch_threshold, defaults.batch_threshold);
             parsed.knobs.batch_threshold = value;
             if let Some(problem) = problem {
                 report(KnobName::BatchThreshold, problem);
             }
         }
         if let Some(raw) = self.cache_ttl {
-            let (value, problem) = clamp_seconds(raw, CACHE_TTL_RANGE_S, defaults.cache_ttl_s);
+            let (value, problem) = clamp_seconds(raw, limits.cache_ttl_s, defaults.cache_ttl_s);
             parsed.knobs.cache_ttl_s = value;
             if let Some(problem) = problem {
                 report(KnobName::CacheTtl, problem);
@@ -216,7 +234,8 @@ impl<'a> RawKnobs<'a> {
         }
         if let Some(raw) = self.semantic_mode {
             match SemanticMode::parse(&raw.trim().to_ascii_lowercase()) {
-                Some(mode) => parsed.knobs.semantic_mode = mode,
+                Some(mode) if limits.allows_mode(mode) => parsed.knobs.semantic_mode = mode,
+                Some(_) => report(KnobName::SemanticMode, KnobProblem::Clamped),
                 None => report(KnobName::SemanticMode, KnobProblem::Malformed),
             }
         }

@@ -1,6 +1,7 @@
 //! Property tests: arbitrary bytes never panic; arbitrary valid bodies always fingerprint,
 //! deterministically, with the invariants the rest of Cohort relies on.
 
+use cohort_fingerprint::knobs::policy::{KnobPolicy, RouteOf};
 use cohort_fingerprint::knobs::{RawKnobs, BATCH_THRESHOLD_RANGE, CACHE_TTL_RANGE_S};
 use cohort_fingerprint::normalize::normalize;
 use cohort_fingerprint::prefix::{common_prefix_blocks, BLOCK_BYTES};
@@ -123,5 +124,29 @@ proptest! {
         let k = parsed.knobs;
         prop_assert!(k.batch_threshold >= BATCH_THRESHOLD_RANGE.0 && k.batch_threshold <= BATCH_THRESHOLD_RANGE.1);
         prop_assert!(k.cache_ttl_s >= CACHE_TTL_RANGE_S.0 && k.cache_ttl_s <= CACHE_TTL_RANGE_S.1);
+    }
+
+    #[test]
+    fn an_operators_bounds_hold_whatever_the_client_sends(
+        a in prop_oneof![any::<String>(), Just("high".to_owned()), Just("low".to_owned())],
+        b in prop_oneof![any::<String>(), (-1.0f32..2.0).prop_map(|v| v.to_string())],
+        c in prop_oneof![any::<String>(), (0u32..5000).prop_map(|v| v.to_string())],
+        d in prop_oneof![any::<String>(), Just("topic".to_owned()), Just("hybrid".to_owned())],
+        t in (1u32..=9, 1u32..=9), s in (300u32..=3600, 300u32..=3600), cap in 0usize..4,
+    ) {
+        let (tl, th) = (t.0.min(t.1) as f32 / 10.0, t.0.max(t.1) as f32 / 10.0);
+        let (sl, sh) = (s.0.min(s.1), s.0.max(s.1));
+        let cap = ["none", "low", "medium", "high"][cap];
+        let policy: KnobPolicy = serde_json::from_value(json!({"tenants": {"t": {
+            "max_prefetch": cap, "batch_threshold_range": [tl, th], "cache_ttl_range_s": [sl, sh],
+            "semantic_modes": ["intent"]}}})).unwrap();
+        prop_assert!(policy.validate().is_ok());
+        let limits = policy.limits(RouteOf::default(), Some("t"));
+        let k = RawKnobs { prefetch: Some(&a), batch_threshold: Some(&b), cache_ttl: Some(&c), semantic_mode: Some(&d) }
+            .parse_within(&limits).knobs;
+        prop_assert!(k.batch_threshold >= tl && k.batch_threshold <= th);
+        prop_assert!(k.cache_ttl_s >= sl && k.cache_ttl_s <= sh);
+        prop_assert_eq!(k.semantic_mode, SemanticMode::Intent);
+        prop_assert_eq!(limits.cap_prefetch(k.prefetch), k.prefetch, "never above the cap {}", cap);
     }
 }

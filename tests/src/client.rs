@@ -102,7 +102,8 @@ impl Connection {
     }
 }
 
-/// A request with `content-length` and `connection: close`.
+/// A request with `content-length` and `connection: close` (and `host: cohort.test`
+/// unless `headers` name another host).
 pub fn request(
     port: u16,
     method: &str,
@@ -110,7 +111,10 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> std::io::Result<Response> {
-    let mut raw = format!("{method} {path} HTTP/1.1\r\nhost: cohort.test\r\nconnection: close\r\n");
+    let mut raw = format!("{method} {path} HTTP/1.1\r\nconnection: close\r\n");
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        raw.push_str("host: cohort.test\r\n");
+    }
     for (name, value) in headers {
         raw.push_str(&format!("{name}: {value}\r\n"));
     }

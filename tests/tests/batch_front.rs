@@ -316,6 +316,49 @@ fn a_predicted_cohort_is_warmed_on_its_owner_before_it_arrives() {
 }
 
 #[test]
+fn a_tenant_capped_at_no_prefetch_gets_no_warm_ups() {
+    // `[knobs.tenants.<t>] max_prefetch = "none"` in the batcher's configuration: that
+    // tenant's `x-cohort-prefetch: high` is clamped to none at the front; another tenant
+    // walking the same sequence is warmed.
+    let upstreams = [Upstream::start("replica-0"), Upstream::start("replica-1")];
+    let replicas: Vec<String> = upstreams
+        .iter()
+        .map(|u| format!("{}=openai+http://127.0.0.1:{}", u.name, u.port))
+        .collect();
+    let dir = std::env::temp_dir().join(format!("cohort-knobs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("serve.toml");
+    std::fs::write(&path, "[knobs.tenants.capped]\nmax_prefetch = \"none\"\n").unwrap();
+    let batcher = front(
+        &replicas,
+        vec!["--config".into(), path.display().to_string()],
+    );
+    let port = batcher.spec.front_port.unwrap();
+    let walk = |tenant: &str| {
+        for session in ["s1", "s2", "s3"] {
+            for system in ["Look up the order.", "Refund the order."] {
+                let headers = [
+                    ("x-cohort-tenant", tenant),
+                    ("x-cohort-session", session),
+                    ("x-cohort-prefetch", "high"),
+                ];
+                let response = post_json(port, CHAT, &headers, &chat("m", system));
+                assert_eq!(response.status, 200);
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+    };
+    walk("capped");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(batcher.metric("cohort_prefetch_issued_total"), 0.0);
+    walk("free");
+    assert!(cohort_tests::eventually(Duration::from_secs(5), || {
+        batcher.metric("cohort_prefetch_issued_total") >= 1.0
+    }));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn the_front_is_no_open_proxy_and_never_logs_prompts() {
     let upstream = Upstream::start("replica-0");
     let elsewhere = Upstream::start("elsewhere");

@@ -447,6 +447,65 @@ fn the_batch_threshold_picks_the_codebook_level_of_bare_prompts() {
 }
 
 #[test]
+fn the_operator_sets_knob_defaults_per_route_and_bounds_per_tenant() {
+    // The knob policy (fingerprint/src/knobs/policy.rs): a route's default threshold
+    // acts without any client header, and a tenant's range clamps a client's header.
+    let upstream = Upstream::start("u");
+    let plugin = r#"{"trust_tenant_header": true,
+        "knobs": {"routes": [{"authority": "coarse.example", "knobs": {"batch_threshold": 0.1}}],
+                  "tenants": {"fine-only": {"batch_threshold_range": [0.9, 0.9]}}}}"#;
+    let envoy = affinity(&[&upstream], plugin);
+    let prompts = banking77(5, 20);
+    let ids = |headers: &[(&str, &str)]| -> BTreeSet<String> {
+        prompts
+            .iter()
+            .map(|text| {
+                let response = post_json(envoy.listen_port, CHAT, headers, &chat(None, text));
+                assert_eq!(response.status, 200);
+                let got = upstream.received().pop().unwrap();
+                got.header("x-cohort-cluster")
+                    .expect("a cohort id")
+                    .to_owned()
+            })
+            .collect()
+    };
+    let default_route = ids(&[]);
+    let coarse_route = ids(&[("host", "Coarse.example:8080")]);
+    let coarse_asked = ids(&[("x-cohort-batch-threshold", "0.1")]);
+    println!(
+        "cohort ids of 100 prompts: default route {}, coarse route {}, header 0.1 {}",
+        default_route.len(),
+        coarse_route.len(),
+        coarse_asked.len()
+    );
+    assert_eq!(
+        coarse_route, coarse_asked,
+        "the route's default is threshold 0.1"
+    );
+    assert!(coarse_route.len() < default_route.len());
+    // A client of the tenant asks for 0.1 and gets the tenant's 0.9; another tenant asking
+    // for 0.9 gets the same number of ids (tenants' ids are salted apart, so count them).
+    let fine_asked_coarse = ids(&[
+        ("x-cohort-tenant", "fine-only"),
+        ("x-cohort-batch-threshold", "0.1"),
+    ]);
+    let other_asked_fine = ids(&[
+        ("x-cohort-tenant", "other"),
+        ("x-cohort-batch-threshold", "0.9"),
+    ]);
+    assert_eq!(fine_asked_coarse.len(), other_asked_fine.len());
+    assert!(fine_asked_coarse.len() > default_route.len());
+    assert!(
+        envoy.wait_for_stat(
+            "wasmcustom.cohort_invalid_knob_batch_threshold_total",
+            100,
+            Duration::from_secs(5)
+        ),
+        "each clamped header is counted"
+    );
+}
+
+#[test]
 fn an_anchored_category_gets_a_cohort_of_its_own_through_envoy() {
     // The recommendation template: a capitalised category mid-sentence is masked as a
     // name, so every category is one cohort; anchored (【…】) each is its own.

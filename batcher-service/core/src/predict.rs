@@ -12,14 +12,16 @@
 //! `half_life_ms`; old habits fade) and an exponentially weighted mean gap `g(A→B)`.
 //! `P(B | A) = w(A→B) / Σ_X w(A→X)`. A prediction is `(B, P, g)` for the top-k Bs with
 //! `P ≥ floor` and `g ≤ horizon`. Memory is bounded: at most `max_followers` Bs per A
-//! (the lightest is dropped) and `max_contexts` live contexts (the oldest is dropped).
+//! (the lightest is dropped), `max_cohorts` As (the least recently followed is dropped)
+//! and `max_contexts` live contexts (the least recently seen is dropped). Every bound is
+//! kept by an LRU list, so a request costs O(`max_followers`) whatever the number of
+//! sessions (`examples/predict_bench.rs` measures it over a million).
 //!
 //! The prefetch aggressiveness a request asks for (`x-cohort-prefetch`) picks
 //! `(top-k, floor, idle guard)` through [`PrefetchPolicy::of`].
 
 use cohort_fingerprint::knobs::Prefetch;
 use lru::LruCache;
-use std::collections::HashMap;
 use std::num::NonZeroUsize;
 
 /// The predictor's knobs.
@@ -33,6 +35,8 @@ pub struct PredictConfig {
     pub max_followers: usize,
     /// Contexts (sessions or tenants) remembered.
     pub max_contexts: usize,
+    /// Cohorts whose followers are remembered (per tenant and cohort).
+    pub max_cohorts: usize,
 }
 
 impl Default for PredictConfig {
@@ -42,6 +46,7 @@ impl Default for PredictConfig {
             half_life_ms: 600_000,
             max_followers: 8,
             max_contexts: 100_000,
+            max_cohorts: 100_000,
         }
     }
 }
@@ -100,7 +105,8 @@ struct Last {
 #[derive(Debug)]
 pub struct Predictor {
     config: PredictConfig,
-    edges: HashMap<(u64, u64), Vec<(u64, Edge)>>,
+    /// `(tenant, A)` → A's followers, least recently followed first out.
+    edges: LruCache<(u64, u64), Vec<(u64, Edge)>>,
     /// Each context's last cohort, least recently seen first out: O(1) per request (a scan
     /// for the oldest cost a pass over 100,000 contexts per request once full).
     last: LruCache<u64, Last>,
@@ -111,9 +117,10 @@ const GAP_EWMA: f64 = 0.3;
 impl Predictor {
     pub fn new(config: PredictConfig) -> Predictor {
         let contexts = NonZeroUsize::new(config.max_contexts).unwrap_or(NonZeroUsize::MIN);
+        let cohorts = NonZeroUsize::new(config.max_cohorts).unwrap_or(NonZeroUsize::MIN);
         Predictor {
             config,
-            edges: HashMap::new(),
+            edges: LruCache::new(cohorts),
             last: LruCache::new(contexts),
         }
     }
@@ -136,7 +143,9 @@ impl Predictor {
         let gap = now_ms.saturating_sub(previous.at_ms) as f64;
         let half_life = self.config.half_life_ms.max(1) as f64;
         let max_followers = self.config.max_followers.max(1);
-        let followers = self.edges.entry((tenant, previous.cohort)).or_default();
+        let followers = self
+            .edges
+            .get_or_insert_mut((tenant, previous.cohort), Vec::new);
         match followers.iter_mut().find(|(to, _)| *to == cohort) {
             Some((_, edge)) => {
                 let dt = now_ms.saturating_sub(edge.updated_ms) as f64;
@@ -176,7 +185,7 @@ impl Predictor {
         now_ms: u64,
         policy: PrefetchPolicy,
     ) -> Vec<Prediction> {
-        let Some(followers) = self.edges.get(&(tenant, cohort)) else {
+        let Some(followers) = self.edges.peek(&(tenant, cohort)) else {
             return Vec::new();
         };
         let weights: Vec<f64> = followers
@@ -208,6 +217,11 @@ impl Predictor {
 
     pub fn config(&self) -> &PredictConfig {
         &self.config
+    }
+
+    /// Contexts and cohorts currently remembered.
+    pub fn sizes(&self) -> (usize, usize) {
+        (self.last.len(), self.edges.len())
     }
 }
 
@@ -291,6 +305,7 @@ mod tests {
         let config = PredictConfig {
             max_followers: 2,
             max_contexts: 3,
+            max_cohorts: 4,
             ..PredictConfig::default()
         };
         let mut p = Predictor::new(config);
@@ -298,8 +313,18 @@ mod tests {
             p.observe(0, to, 1, to);
             p.observe(0, to, to, to + 1);
         }
-        assert!(p.edges.values().all(|f| f.len() <= 2));
+        assert!(p.edges.iter().all(|(_, f)| f.len() <= 2));
         assert!(p.last.len() <= 3);
+        // Every context starts a cohort of its own: only the 4 latest are remembered.
+        for a in 100..200 {
+            p.observe(0, a, a, 1_000);
+            p.observe(0, a, a + 1_000, 1_001);
+        }
+        assert_eq!(p.sizes(), (3, 4));
+        assert!(
+            p.predict(0, 199, 1_002, HIGH).len() == 1,
+            "the newest is kept"
+        );
     }
 
     #[test]

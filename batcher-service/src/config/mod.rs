@@ -24,7 +24,16 @@
 //!
 //! [prefetch]
 //! horizon_ms = 3200
-//! default_level = "medium"        # when a request has no x-cohort-prefetch
+//!
+//! [knobs.global]                  # operator defaults and bounds of the client knobs,
+//! prefetch = "medium"             # as the filter's `knobs` (docs/CONTRACT.md, "Knob policy")
+//! max_prefetch = "high"
+//! [[knobs.routes]]
+//! authority = "support.example.com"
+//! [knobs.routes.knobs]
+//! batch_threshold_range = [0.6, 0.9]
+//! [knobs.tenants.acme]
+//! max_prefetch = "none"
 //!
 //! [[lora]]                        # requests for model `name` (or of these cohorts) need it
 //! name = "sql-lora"
@@ -74,6 +83,7 @@ pub use validate::ConfigError;
 
 use cohort_batcher_core::score::cost::CostModel;
 use cohort_fingerprint::headers::HeaderNames;
+use cohort_fingerprint::knobs::policy::KnobPolicy;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -91,6 +101,9 @@ pub struct ServeConfig {
     pub store: StoreSection,
     pub batch: BatchSection,
     pub prefetch: PrefetchSection,
+    /// Operator defaults and bounds of the client knobs: the front reads `x-cohort-prefetch`
+    /// within them, and the brain narrows the knob values a filter sends.
+    pub knobs: KnobPolicy,
     pub lora: Vec<LoraSection>,
     /// Deployment secret keying the engine cache salts of batch mode (vLLM `cache_salt`)
     /// and the front's own fingerprints; set it (`COHORT_SALT_SECRET`) to the filter's
@@ -128,6 +141,7 @@ impl Default for ServeConfig {
             store: StoreSection::default(),
             batch: BatchSection::default(),
             prefetch: PrefetchSection::default(),
+            knobs: KnobPolicy::default(),
             lora: Vec::new(),
             ui_assets: None,
             salt_secret: String::new(),
@@ -319,7 +333,11 @@ mod tests {
             ("[store]\nbackend = \"tpu\"\n", "backend"),
             ("[cost]\nmiss_penalty = -1.0\n", "cost.miss_penalty"),
             ("[cost]\nbase = nan\n", "cost.base"),
-            ("[prefetch]\ndefault_level = \"hgh\"\n", "default_level"),
+            ("[knobs.global]\nprefetch = \"hgh\"\n", "prefetch"),
+            (
+                "[knobs.tenants.a]\nbatch_threshold_range = [0.9, 0.2]\n",
+                "knobs.tenants.a.batch_threshold_range",
+            ),
             ("[batch]\nmin_shared = 1.5\n", "min_shared"),
             ("tenant_header = \"X-Org\"\n", "tenant_header"),
             ("[headers]\nsession = \"x-cohort-key\"\n", "session"),

@@ -6,7 +6,6 @@
 
 use axum::http::Uri;
 use cohort_batcher_core::engines::EngineKind;
-use cohort_fingerprint::knobs::Prefetch;
 use cohort_gpu_store::StoreKind;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -135,8 +134,6 @@ pub struct PrefetchSection {
     pub horizon_ms: u64,
     /// Half-life of learned transitions, ms.
     pub half_life_ms: u64,
-    /// Level when a request has no `x-cohort-prefetch`: high, medium, low or none.
-    pub default_level: Prefetch,
 }
 
 impl Default for PrefetchSection {
@@ -145,7 +142,6 @@ impl Default for PrefetchSection {
         PrefetchSection {
             horizon_ms: core.horizon_ms,
             half_life_ms: core.half_life_ms,
-            default_level: Prefetch::default(),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use super::ServeConfig;
 use cohort_fingerprint::headers::HeaderNameError;
+use cohort_fingerprint::knobs::policy::KnobPolicyError;
 use cohort_proto::is_plain_name;
 use std::path::PathBuf;
 use thiserror::Error;
@@ -45,6 +46,8 @@ pub enum ConfigError {
     Lora(String),
     #[error("headers: {0}")]
     Headers(#[from] HeaderNameError),
+    #[error(transparent)]
+    Knobs(#[from] KnobPolicyError),
 }
 
 impl ServeConfig {
@@ -53,6 +56,7 @@ impl ServeConfig {
             return Err(ConfigError::NoReplicas);
         }
         self.headers.validate(&self.tenant_header)?;
+        self.knobs.validate()?;
         for (i, replica) in self.replicas.iter().enumerate() {
             let duplicate = self.replicas[..i].iter().any(|r| r.name == replica.name);
             if !is_plain_name(&replica.name) || duplicate {

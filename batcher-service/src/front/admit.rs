@@ -141,6 +141,8 @@ impl Front {
             cohort: parsed.cohort,
             level: parsed.level,
             salt: parsed.salt.clone(),
+            probe_guard: false,
+            avoid: None,
         });
         if let Some(adapter) = adapter {
             self.ensure_lora(replica, &adapter).await;

@@ -35,6 +35,7 @@
 //! composes it.
 
 mod admit;
+mod assigned;
 mod dispatch;
 mod drain;
 mod lora;
@@ -57,17 +58,22 @@ use cohort_batcher_core::batch::{BatchConfig, BatchId, BatchTable, SlotTable};
 use cohort_batcher_core::engines::FrontApi;
 use cohort_batcher_core::predict::PredictConfig;
 use cohort_fingerprint::headers::HeaderNames;
-use cohort_fingerprint::knobs::Prefetch;
+use cohort_fingerprint::knobs::policy::KnobPolicy;
 use lora::Lora;
+use lru::LruCache;
 use prefetch::Prefetcher;
 use stats::FrontStats;
 use std::collections::HashMap;
 use std::future::Future;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+
+/// Assign-mode warm plans waiting for their request's first byte.
+const FIRST_BYTE_PLANS: usize = 4096;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -85,12 +91,16 @@ struct BatchState {
 pub struct Front {
     engines: Arc<Fleet>,
     config: BatchSection,
-    default_level: Prefetch,
+    /// The operator's knob defaults and bounds: the prefetch level a request gets.
+    knob_policy: KnobPolicy,
     batches: Mutex<BatchTable>,
     slots: Mutex<SlotTable>,
     states: Mutex<HashMap<BatchId, BatchState>>,
     held: AtomicUsize,
     prefetch: Prefetcher,
+    /// Assign mode: what to warm at each assigned request's first byte, by ticket
+    /// ([`assigned`]); bounded, as a request may never report one.
+    first_byte_plans: Mutex<LruCache<u64, warm::WarmPlan>>,
     lora: Lora,
     stats: FrontStats,
     clock: Clock,
@@ -125,7 +135,7 @@ impl Front {
         let b = &config.batch;
         Front {
             engines,
-            default_level: config.prefetch.default_level,
+            knob_policy: config.knobs.clone(),
             batches: Mutex::new(BatchTable::new(BatchConfig {
                 window_ms: b.window_ms,
                 max_hold_ms: b.max_hold_ms,
@@ -142,6 +152,9 @@ impl Front {
                 half_life_ms: config.prefetch.half_life_ms,
                 ..PredictConfig::default()
             }),
+            first_byte_plans: Mutex::new(LruCache::new(
+                NonZeroUsize::new(FIRST_BYTE_PLANS).unwrap(),
+            )),
             lora: Lora::new(&config.lora),
             stats: FrontStats::default(),
             config: config.batch.clone(),

@@ -10,7 +10,8 @@ use super::Front;
 use axum::http::HeaderMap;
 use cohort_batcher_core::batch::PromptShape;
 use cohort_batcher_core::engines::{cache_salt, FrontApi};
-use cohort_fingerprint::knobs::Prefetch;
+use cohort_fingerprint::knobs::policy::RouteOf;
+use cohort_fingerprint::knobs::{Prefetch, RawKnobs};
 use cohort_fingerprint::shard::jump_hash;
 use serde_json::{Map, Value};
 use std::time::Instant;
@@ -55,6 +56,16 @@ pub(super) fn hash(text: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(text.as_bytes())
 }
 
+/// The tenant's hash and the context the predictor learns a request's sequence in: its
+/// session within its tenant, else the tenant.
+pub(super) fn tenant_and_context(tenant: Option<&str>, session: Option<&str>) -> (u64, u64) {
+    let tenant_hash = hash(tenant.unwrap_or(""));
+    let context = session
+        .map(|s| hash(s) ^ tenant_hash.rotate_left(1))
+        .unwrap_or(tenant_hash);
+    (tenant_hash, context)
+}
+
 impl Front {
     pub(super) fn parse(&self, api: FrontApi, headers: &HeaderMap, body: &[u8]) -> Option<Parsed> {
         let map: Map<String, Value> = serde_json::from_slice(body).ok()?;
@@ -86,13 +97,20 @@ impl Front {
         let hint = header(headers, &names.shard)
             .and_then(|name| self.engines.position(name))
             .unwrap_or_else(|| jump_hash(cohort, self.engines.len() as u32) as usize);
-        let tenant_hash = hash(tenant.as_deref().unwrap_or(""));
-        let context = header(headers, &names.session)
-            .map(|s| hash(s) ^ tenant_hash.rotate_left(1))
-            .unwrap_or(tenant_hash);
-        let level = header(headers, &names.prefetch)
-            .and_then(Prefetch::parse)
-            .unwrap_or(self.default_level);
+        let (tenant_hash, context) =
+            tenant_and_context(tenant.as_deref(), header(headers, &names.session));
+        // The filter wrote the level its policy allowed; a direct caller's is clamped here.
+        let route = RouteOf {
+            authority: header(headers, "host").unwrap_or(""),
+            path: api.path(),
+        };
+        let level = RawKnobs {
+            prefetch: header(headers, &names.prefetch),
+            ..RawKnobs::default()
+        }
+        .parse_within(&self.knob_policy.limits(route, tenant.as_deref()))
+        .knobs
+        .prefetch;
         let client_salt = map.get("cache_salt").and_then(Value::as_str);
         let salt = cache_salt(&self.secret, tenant.as_deref(), client_salt);
         Some(Parsed {

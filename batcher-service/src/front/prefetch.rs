@@ -92,6 +92,27 @@ impl Prefetcher {
         }
     }
 
+    /// A request of `cohort` was assigned to `replica` without passing the front (assign
+    /// mode): the cohort's exemplar, if there is one, now lives there, and an arrival cold
+    /// is a miss as for a leader. Returns whether an exemplar is known (else the front
+    /// asks the filter for the body).
+    pub fn assigned(&self, cohort: u64, replica: usize, used_warmup: bool, warm: bool) -> bool {
+        let mut exemplars = lock(&self.exemplars);
+        let Some(exemplar) = exemplars.get_mut(&cohort) else {
+            return false;
+        };
+        exemplar.replica = replica;
+        if !used_warmup && !warm {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// The body of an assigned request, sent by the filter because the front asked.
+    pub fn keep(&self, cohort: u64, exemplar: Exemplar) {
+        lock(&self.exemplars).put(cohort, exemplar);
+    }
+
     /// The predicted cohorts worth warming after a leader of `cohort`, with their
     /// exemplars: not already warming, and seen before.
     pub fn plan(

@@ -23,6 +23,12 @@ pub(super) struct WarmPlan {
     pub cohort: u64,
     pub level: Prefetch,
     pub salt: Option<String>,
+    /// Assign mode, where the front sees none of the traffic: the guard is the engine's
+    /// own probed queue rather than the front's slot and in-flight books.
+    pub probe_guard: bool,
+    /// A replica no warm-up goes to: the one about to prefill the request that triggered
+    /// the plan, when the plan runs before that request's first byte.
+    pub avoid: Option<usize>,
 }
 
 impl Front {
@@ -45,6 +51,21 @@ impl Front {
             let target = &self.engines[replica];
             if !target.is_healthy() {
                 continue;
+            }
+            if parsed.avoid == Some(replica) {
+                continue;
+            }
+            if parsed.probe_guard {
+                // The engine's probe is the only view of its load here: nothing waiting,
+                // and on slot engines the guard's idle slots free.
+                let metrics = target.metrics();
+                let queued = metrics.waiting.unwrap_or(0.0) > 0.0;
+                let slots = lock(&self.slots).slots(replica);
+                let busy = target.engine.release() == Release::SameSlot
+                    && metrics.running.unwrap_or(0.0) + policy.idle_slots as f64 > slots as f64;
+                if queued || busy {
+                    continue;
+                }
             }
             let slot = if target.engine.release() == Release::SameSlot {
                 let mut slots = lock(&self.slots);

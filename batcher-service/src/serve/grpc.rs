@@ -5,6 +5,7 @@
 
 use super::brain::{Brain, BrainError};
 use crate::clock::Clock;
+use crate::front::Front;
 use cohort_proto as pb;
 use pb::batcher_server::Batcher;
 use std::sync::Arc;
@@ -13,6 +14,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 pub struct BatcherService {
     pub brain: Arc<Brain>,
+    /// Batch mode's front, when the replicas have URLs: it also learns and warms cohorts
+    /// for assign mode's requests ([`Front::assigned`]).
+    pub front: Option<Arc<Front>>,
     pub clock: Clock,
     /// Becomes true when the server starts shutting down.
     pub shutdown: watch::Receiver<bool>,
@@ -30,7 +34,12 @@ impl Batcher for BatcherService {
         &self,
         request: Request<pb::AssignRequest>,
     ) -> Result<Response<pb::AssignReply>, Status> {
-        let reply = self.brain.assign(request.get_ref(), self.clock.now_ms())?;
+        let assign = request.get_ref();
+        let mut reply = self.brain.assign(assign, self.clock.now_ms())?;
+        if let (Some(front), Some(info)) = (&self.front, &assign.request) {
+            let level = self.brain.knobs(info).prefetch;
+            reply.exemplar_wanted = front.assigned(info, &reply, level);
+        }
         Ok(Response::new(reply))
     }
 
@@ -49,6 +58,18 @@ impl Batcher for BatcherService {
             let Some(batch) = batch else { break };
             received += batch.observations.len() as u64;
             self.brain.observe(&batch, self.clock.now_ms());
+            if let Some(front) = &self.front {
+                for observation in &batch.observations {
+                    if !observation.exemplar.is_empty() {
+                        front.exemplar_observed(observation);
+                    }
+                    if let Some(progress) = &observation.progress {
+                        if progress.phase == pb::request_progress::Phase::FirstByte as i32 {
+                            front.first_byte(progress.ticket);
+                        }
+                    }
+                }
+            }
         }
         Ok(Response::new(pb::ObserveSummary { received }))
     }

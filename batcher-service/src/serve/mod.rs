@@ -114,6 +114,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
 
     let service = grpc::BatcherService {
         brain: Arc::clone(&brain),
+        front: front.clone(),
         clock,
         shutdown: stop_rx.clone(),
     };

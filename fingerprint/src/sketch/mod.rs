@@ -33,7 +33,8 @@ pub const SKETCH_DIMS: usize = 32;
 pub const SKETCH_VERSION: u32 = 2;
 
 /// What the sketch weighs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SemanticMode {
     /// The action asked.
     #[default]

@@ -38,6 +38,7 @@ pub fn assign_reply(data: &[u8]) {
         matched_blocks: 0,
         reason: assignment.reason.clone(),
         ticket: assignment.ticket,
+        exemplar_wanted: assignment.exemplar_wanted,
     }
     .encode_to_vec();
     assert_eq!(read_assign_reply(&encoded), Ok(assignment));

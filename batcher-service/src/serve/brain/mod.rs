@@ -35,7 +35,8 @@ use cohort_batcher_core::neighbours::Neighbours;
 use cohort_batcher_core::policy::{Policy, PolicyConfig, RouteRequest};
 use cohort_batcher_core::store::cpu::{Capacity, CpuStoreConfig};
 use cohort_batcher_core::store::{Coalesced, EntryMeta, SketchBytes, Store};
-use cohort_fingerprint::knobs::{batch_threshold, cache_ttl_s};
+use cohort_fingerprint::knobs::policy::{KnobPolicy, RouteOf};
+use cohort_fingerprint::knobs::{batch_threshold, cache_ttl_s, Knobs, Prefetch};
 use cohort_fingerprint::sketch::SKETCH_VERSION;
 use cohort_gpu_store::{open_store, GpuUtilization, StoreKind};
 use cohort_proto as pb;
@@ -142,6 +143,8 @@ pub struct Brain {
     /// Per (tenant, route): what the effective-cost model reads.
     costs: Mutex<std::collections::HashMap<u64, CostCounts>>,
     cost_model: cohort_batcher_core::score::cost::CostModel,
+    /// The operator's knob defaults and bounds ([`Brain::knobs`]).
+    knob_policy: KnobPolicy,
 }
 
 /// The 32 sketch values, if the fingerprint carries a sketch this batcher understands.
@@ -266,7 +269,47 @@ impl Brain {
             store_description: stores.description,
             costs: Mutex::new(std::collections::HashMap::new()),
             cost_model: config.cost,
+            knob_policy: config.knobs.clone(),
         }
+    }
+
+    /// The knobs a request acts with: the filter's values (a request that carried none gets
+    /// the contract's defaults), narrowed to this batcher's policy for the request's route
+    /// and tenant; a request without knobs gets the policy's defaults. The semantic mode
+    /// is the sketch's own (the filter computed the sketch in it).
+    pub(crate) fn knobs(&self, request: &pb::RequestInfo) -> Knobs {
+        let route = RouteOf {
+            authority: &request.authority,
+            path: &request.path,
+        };
+        let tenant = Some(request.tenant.as_str()).filter(|t| !t.is_empty());
+        let limits = self.knob_policy.limits(route, tenant);
+        let Some(sent) = request.knobs else {
+            return limits.defaults;
+        };
+        let prefetch = match pb::Prefetch::try_from(sent.prefetch) {
+            Ok(pb::Prefetch::None) => Prefetch::None,
+            Ok(pb::Prefetch::Low) => Prefetch::Low,
+            Ok(pb::Prefetch::Medium) => Prefetch::Medium,
+            Ok(pb::Prefetch::High) => Prefetch::High,
+            _ => limits.defaults.prefetch,
+        };
+        // A value the filter left unset (0) takes this policy's default.
+        let d = limits.defaults;
+        limits.narrow(Knobs {
+            prefetch,
+            batch_threshold: if sent.batch_threshold > 0.0 {
+                batch_threshold(sent.batch_threshold)
+            } else {
+                d.batch_threshold
+            },
+            cache_ttl_s: if sent.cache_ttl_s > 0 {
+                cache_ttl_s(sent.cache_ttl_s)
+            } else {
+                d.cache_ttl_s
+            },
+            semantic_mode: d.semantic_mode,
+        })
     }
 
     /// The audit log the brain writes at Assign and on progress reports.
@@ -285,13 +328,13 @@ impl Brain {
             .fingerprint
             .as_ref()
             .ok_or(BrainError::NoFingerprint)?;
-        let knobs = request.knobs.unwrap_or_default();
+        let knobs = self.knobs(request);
         let found = sketch_of(fp)
             .map(|sketch| {
                 self.lookup(
                     lookup::space(&request.tenant, fp.semantic_mode),
                     &sketch,
-                    batch_threshold(knobs.batch_threshold),
+                    knobs.batch_threshold,
                     now_ms,
                 )
             })
@@ -307,7 +350,7 @@ impl Brain {
                 blocks: &fp.blocks,
                 cohort,
                 similar: found.similar,
-                resident_ms: u64::from(cache_ttl_s(knobs.cache_ttl_s)) * 1000,
+                resident_ms: u64::from(knobs.cache_ttl_s) * 1000,
                 cost: fp.prompt_bytes / BYTES_PER_TOKEN,
                 now_ms,
                 track: assign.reports_progress,
@@ -322,6 +365,8 @@ impl Brain {
             matched_blocks: choice.matched_blocks as u32,
             reason: choice.reason.as_str().to_owned(),
             ticket: choice.ticket,
+            // The front's to set (assign-mode prefetch, serve/grpc.rs).
+            exemplar_wanted: false,
         };
         let record = audit_record(request, fp, &reply, rate);
         let band = length_band(record.prompt_tokens_est);
@@ -404,15 +449,11 @@ impl Brain {
             counter.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let knobs = request.knobs.unwrap_or_default();
+        let knobs = self.knobs(request);
         let tenant = lookup::space(&request.tenant, fp.semantic_mode);
         let now_s = secs(now_ms);
-        let membership = write(&self.cohorts).observe(
-            tenant,
-            &sketch,
-            batch_threshold(knobs.batch_threshold),
-            now_s,
-        );
+        let membership =
+            write(&self.cohorts).observe(tenant, &sketch, knobs.batch_threshold, now_s);
         self.count_pivot(membership.cohort, &request.tenant);
         let replica = self
             .replicas
@@ -427,7 +468,7 @@ impl Brain {
                 tenant,
                 cohort: membership.cohort,
                 replica,
-                expires_at_s: now_s.saturating_add(cache_ttl_s(knobs.cache_ttl_s)),
+                expires_at_s: now_s.saturating_add(knobs.cache_ttl_s),
             },
             now_s,
         );
@@ -690,6 +731,90 @@ mod tests {
         at(vec![20, 21], 0, 3_000_000);
         assert_eq!(at(vec![20, 21], 0, 3_599_000).matched_blocks, 2);
         assert_eq!(at(vec![20, 22], 0, 4_200_000).matched_blocks, 0);
+    }
+
+    #[test]
+    fn the_knob_policy_bounds_residency_per_tenant_and_sets_it_per_route() {
+        // `[knobs]`: tenant "short" may hold a prefix at most 300 s whatever the filter
+        // sent; requests to /batch/ without knobs hold it 1,800 s.
+        let mut config = ServeConfig {
+            replicas: (0..3).map(|i| Replica::named(&format!("r{i}"))).collect(),
+            ..ServeConfig::default()
+        };
+        config.knobs = toml::from_str(
+            "[tenants.short]\ncache_ttl_range_s = [300, 300]\n\
+             [[routes]]\npath_prefix = \"/batch/\"\n[routes.knobs]\ncache_ttl_s = 1800\n",
+        )
+        .unwrap();
+        let brain = Brain::new(&config, Clock::start());
+        let at = |blocks: Vec<u64>, tenant: &str, path: &str, ttl_s: Option<u32>, now_ms| {
+            let request = pb::AssignRequest {
+                request: Some(pb::RequestInfo {
+                    fingerprint: Some(fingerprint(blocks, sketch(0))),
+                    knobs: ttl_s.map(|cache_ttl_s| pb::Knobs {
+                        cache_ttl_s,
+                        ..Default::default()
+                    }),
+                    tenant: tenant.into(),
+                    path: path.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            brain.assign(&request, now_ms).unwrap().matched_blocks
+        };
+        // The filter sent 3,600 s; tenant "short" holds 300 s, tenant "long" the 3,600.
+        at(
+            vec![1, 2],
+            "short",
+            "/v1/chat/completions",
+            Some(3600),
+            1_000,
+        );
+        at(
+            vec![11, 12],
+            "long",
+            "/v1/chat/completions",
+            Some(3600),
+            1_000,
+        );
+        assert_eq!(
+            at(
+                vec![1, 3],
+                "short",
+                "/v1/chat/completions",
+                Some(3600),
+                302_000
+            ),
+            0
+        );
+        assert_eq!(
+            at(
+                vec![11, 13],
+                "long",
+                "/v1/chat/completions",
+                Some(3600),
+                302_000
+            ),
+            1
+        );
+        // No knobs at all: the route's default (1,800 s), else the contract's (600 s).
+        at(vec![21, 22], "long", "/batch/v1/completions", None, 1_000);
+        at(vec![31, 32], "long", "/v1/completions", None, 1_000);
+        assert_eq!(
+            at(
+                vec![21, 23],
+                "long",
+                "/batch/v1/completions",
+                None,
+                1_200_000
+            ),
+            1
+        );
+        assert_eq!(
+            at(vec![31, 33], "long", "/v1/completions", None, 1_200_000),
+            0
+        );
     }
 
     #[test]

@@ -1,0 +1,144 @@
+//! Prefetch in assign mode, where the front sees none of the traffic.
+//!
+//! In assign mode the filter asks the batcher for a replica and sends the request straight
+//! to it; the front, which learns cohort sequences and warms predicted cohorts in batch
+//! mode ([`super::prefetch`], [`super::warm`]), never sees the request. So the gRPC service
+//! tells it of every Assign, and the same model and the same engine adapters act:
+//! 1. the cohort's transition is learnt (tenant, session, `x-cohort-key`), as at a leader's
+//!    admission;
+//! 2. a fresh warm-up of the cohort counts as a hit, an arrival with nothing held where it
+//!    goes as a miss;
+//! 3. the cohorts predicted next are warmed on their owners at the request's first byte,
+//!    as after a leader (the filter reports it under the Assign's ticket), so a warm-up
+//!    never prefills beside the request that predicted it; without progress reports
+//!    (observations off), at once, and never on the replica the request was assigned to.
+//!    Either way only where the engine's own probe shows no queue and, on slot engines,
+//!    the level's idle slots;
+//! 4. the front needs a body to replay: for a cohort it has none of, the Assign reply sets
+//!    `exemplar_wanted`, and the filter sends that request's body on its observation
+//!    (`Observation.exemplar`, at most [`cohort_proto::EXEMPLAR_MAX_BYTES`]), once.
+//!
+//! Batch mode's Assigns are left alone here: those requests come through the front, which
+//! does all of this itself.
+
+use super::parse::tenant_and_context;
+use super::prefetch::Exemplar;
+use super::warm::WarmPlan;
+use super::{lock, Front};
+use cohort_batcher_core::engines::FrontApi;
+use cohort_fingerprint::knobs::Prefetch;
+use cohort_proto as pb;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+
+/// The API of a request path, as the filter matches it (a suffix, query ignored).
+fn api_of(path: &str) -> Option<FrontApi> {
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    [
+        FrontApi::ChatCompletions,
+        FrontApi::Completions,
+        FrontApi::Responses,
+        FrontApi::Messages,
+    ]
+    .into_iter()
+    .find(|api| path.trim_end_matches('/').ends_with(api.path()))
+}
+
+impl Front {
+    /// An Assign the filter made in assign mode, with the batcher's `reply` and the
+    /// request's prefetch level (after the knob policy). Returns whether the front wants
+    /// the request's body as its cohort's exemplar.
+    pub fn assigned(
+        self: &Arc<Self>,
+        request: &pb::RequestInfo,
+        reply: &pb::AssignReply,
+        level: Prefetch,
+    ) -> bool {
+        if request.mode != "assign" {
+            return false;
+        }
+        let (Some(fp), Some(replica)) = (&request.fingerprint, self.engines.position(&reply.shard))
+        else {
+            return false;
+        };
+        let now = self.clock.now_ms();
+        let cohort = fp.key;
+        let (tenant_hash, context) = tenant_and_context(
+            Some(request.tenant.as_str()).filter(|t| !t.is_empty()),
+            Some(request.session.as_str()).filter(|s| !s.is_empty()),
+        );
+        self.prefetch.observe(tenant_hash, context, cohort, now);
+        let used_warmup = self.prefetch.take_warm(cohort, now).is_some();
+        let known = self
+            .prefetch
+            .assigned(cohort, replica, used_warmup, reply.matched_blocks > 0);
+        let mut plan = WarmPlan {
+            tenant_hash,
+            cohort,
+            level,
+            // Assign mode's requests reach the engine unsalted: so must their warm-ups.
+            salt: None,
+            probe_guard: true,
+            avoid: None,
+        };
+        if reply.ticket != 0 {
+            lock(&self.first_byte_plans).put(reply.ticket, plan);
+        } else {
+            plan.avoid = Some(replica);
+            self.warm_predicted(&plan);
+        }
+        !known && level != Prefetch::None
+    }
+
+    /// The filter reported the first byte of the request assigned under `ticket`: warm
+    /// what it predicted.
+    pub fn first_byte(self: &Arc<Self>, ticket: u64) {
+        let plan = lock(&self.first_byte_plans).pop(&ticket);
+        if let Some(plan) = plan {
+            self.warm_predicted(&plan);
+        }
+    }
+
+    /// An observation that carries the body an Assign reply asked for.
+    pub fn exemplar_observed(&self, observation: &pb::Observation) {
+        if observation.exemplar.is_empty()
+            || observation.exemplar.len() > cohort_proto::EXEMPLAR_MAX_BYTES
+        {
+            return;
+        }
+        let Some(request) = &observation.request else {
+            return;
+        };
+        let (Some(fp), Some(api), Some(replica)) = (
+            &request.fingerprint,
+            api_of(&request.path),
+            self.engines.position(&observation.shard),
+        ) else {
+            return;
+        };
+        let Ok(body) = serde_json::from_slice::<Map<String, Value>>(&observation.exemplar) else {
+            return;
+        };
+        self.prefetch.keep(fp.key, Exemplar { api, body, replica });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_api_is_the_path_suffix_as_the_filter_matches_it() {
+        assert_eq!(
+            api_of("/v1/chat/completions"),
+            Some(FrontApi::ChatCompletions)
+        );
+        assert_eq!(
+            api_of("/openai/v1/chat/completions?x=1"),
+            Some(FrontApi::ChatCompletions)
+        );
+        assert_eq!(api_of("/v1/completions/"), Some(FrontApi::Completions));
+        assert_eq!(api_of("/v1/messages"), Some(FrontApi::Messages));
+        assert_eq!(api_of("/v1/models"), None);
+    }
+}

@@ -1,0 +1,193 @@
+//! Prefetch in assign mode, end to end: real Envoy with the real filter in assign mode,
+//! real `cohort serve` over real gRPC with the replicas' URLs, three recording upstream
+//! engines (`batcher-service/src/front/assigned.rs`).
+//!
+//! - the batcher learns cohort sequences from Assigns, asks the filter for one body per
+//!   cohort (`exemplar_wanted`), and warms the predicted next cohort on its owner replica
+//!   with one output token, computing the shared prefix only;
+//! - `x-cohort-prefetch: none` warms nothing, and the batcher's `[knobs]` cap a tenant.
+//!
+//! Needs `scripts/setup` (Envoy), `scripts/build-wasm` (the filter) and the `cohort`
+//! binary; `scripts/test` does all three.
+
+use cohort_tests::batcher::{Batcher, BatcherSpec};
+use cohort_tests::client::post_json;
+use cohort_tests::envoy::Envoy;
+use cohort_tests::upstream::Upstream;
+use cohort_tests::{eventually, free_port, one_at_a_time};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const CHAT: &str = "/v1/chat/completions";
+
+struct Stack {
+    replicas: Vec<Upstream>,
+    batcher: Batcher,
+    envoy: Envoy,
+    _dir: Option<tempdir::Dir>,
+}
+
+mod tempdir {
+    /// A directory removed when dropped.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Three generic OpenAI-compatible engines behind Envoy in assign mode; `serve_toml` is
+/// the batcher's configuration file, if any.
+fn stack(serve_toml: Option<&str>) -> Stack {
+    let replicas: Vec<Upstream> = (0..3)
+        .map(|i| Upstream::start(&format!("replica-{i}")))
+        .collect();
+    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
+    let mut extra_args = Vec::new();
+    let dir = serve_toml.map(|toml| {
+        let dir = std::env::temp_dir().join(format!("cohort-assign-prefetch-{}", free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("serve.toml");
+        std::fs::write(&path, toml).unwrap();
+        extra_args = vec!["--config".into(), path.display().to_string()];
+        tempdir::Dir(dir)
+    });
+    let batcher = Batcher::start(BatcherSpec {
+        replicas: ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| format!("replica-{i}=openai+http://127.0.0.1:{port}"))
+            .collect(),
+        extra_args,
+        ..BatcherSpec::over_engines(&ports)
+    });
+    let envoy = Envoy::assign_with(
+        batcher.spec.grpc_port,
+        &ports,
+        r#"{"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"],
+            "trust_tenant_header": true}"#,
+    );
+    Stack {
+        replicas,
+        batcher,
+        envoy,
+        _dir: dir,
+    }
+}
+
+/// A conversation step: an application's system prompt, with the session's question.
+fn body(system: &str, question: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"model": "m", "messages": [
+        {"role": "system", "content": format!("{system} {}", "Be brief and polite. ".repeat(20))},
+        {"role": "user", "content": question},
+    ]}))
+    .unwrap()
+}
+
+impl Stack {
+    /// Sends one step of `session`; returns the replica that answered.
+    fn send(&self, tenant: &str, session: &str, level: &str, system: &str) -> String {
+        let headers = [
+            ("x-cohort-tenant", tenant),
+            ("x-cohort-session", session),
+            ("x-cohort-prefetch", level),
+        ];
+        let question = format!("Question of {session}");
+        let response = post_json(
+            self.envoy.listen_port,
+            CHAT,
+            &headers,
+            &body(system, &question),
+        );
+        assert_eq!(response.status, 200, "{}", response.text());
+        // Leave the filter's observation stream time to deliver (its exemplar included).
+        std::thread::sleep(Duration::from_millis(300));
+        response.header("x-upstream").unwrap_or_default().to_owned()
+    }
+
+    /// Sessions walk "look up" then "refund"; returns where each went the last time.
+    fn walk(&self, tenant: &str, sessions: &[&str], level: &str) -> (String, String) {
+        let mut went = (String::new(), String::new());
+        for session in sessions {
+            went.0 = self.send(tenant, session, level, "Look up the customer's order.");
+            went.1 = self.send(tenant, session, level, "Refund the customer's order.");
+        }
+        went
+    }
+
+    /// Warm-ups received so far: (replica, body).
+    fn warmups(&self) -> Vec<(String, Value)> {
+        self.replicas
+            .iter()
+            .flat_map(|u| {
+                u.received()
+                    .into_iter()
+                    .filter(|r| r.method == "POST")
+                    .map(|r| {
+                        (
+                            u.name.clone(),
+                            serde_json::from_slice::<Value>(&r.body).unwrap(),
+                        )
+                    })
+            })
+            .filter(|(_, b)| b["max_tokens"] == 1)
+            .collect()
+    }
+}
+
+#[test]
+fn assign_mode_warms_the_predicted_cohort_on_its_owner() {
+    let _serial = one_at_a_time();
+    let stack = stack(None);
+    // Two sessions walk lookup → refund: the batcher learns the step and, for each cohort,
+    // asks the filter for one body.
+    let (_, refund_on) = stack.walk("t", &["s1", "s2"], "high");
+    assert!(
+        eventually(Duration::from_secs(3), || stack.warmups().len() == 1),
+        "the second walk's lookup predicted refund: {:?}",
+        stack.warmups()
+    );
+    // A third session's lookup: refund is warmed again on its owner, after the lookup's
+    // first byte.
+    let before = stack.warmups().len();
+    stack.send("t", "s3", "high", "Look up the customer's order.");
+    assert!(eventually(Duration::from_secs(3), || {
+        stack.warmups().len() > before
+    }));
+    let warm = stack.warmups();
+    for (replica, body) in &warm {
+        assert_eq!(replica, &refund_on, "warmed where refund's prefix lives");
+        // The shared prefix only: the system prompt, an empty user turn, one token.
+        assert_eq!(body["messages"][1], json!({"role": "user", "content": ""}));
+        assert!(body["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("Refund the customer's order."));
+        assert_eq!(body["stream"], false);
+    }
+    let b = &stack.batcher;
+    assert_eq!(b.metric("cohort_prefetch_issued_total"), warm.len() as f64);
+    assert!(
+        b.metric("cohort_prefetch_hit_total") >= 1.0,
+        "refund came while warm"
+    );
+    // `none` warms nothing.
+    let before = stack.warmups().len();
+    stack.send("t", "s4", "none", "Look up the customer's order.");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stack.warmups().len(), before, "x-cohort-prefetch: none");
+}
+
+#[test]
+fn the_batchers_knob_policy_caps_a_tenants_prefetch_in_assign_mode() {
+    let _serial = one_at_a_time();
+    let stack = stack(Some("[knobs.tenants.capped]\nmax_prefetch = \"none\"\n"));
+    stack.walk("capped", &["s1", "s2", "s3"], "high");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(stack.warmups().is_empty(), "{:?}", stack.warmups());
+    stack.walk("free", &["s1", "s2", "s3"], "high");
+    assert!(eventually(Duration::from_secs(3), || !stack
+        .warmups()
+        .is_empty()));
+}

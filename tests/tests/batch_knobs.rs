@@ -1,0 +1,188 @@
+//! The knobs in batch mode, through real Envoy with the real filter, real `cohort serve`
+//! (gRPC and the HTTP front) and two recording engines:
+//!
+//! - `x-cohort-batch-threshold` picks the codebook level that keys a bare prompt, so it
+//!   decides which bare prompts share a batch: two paraphrases in one coarse cell are
+//!   leader and follower at 0.1, and two leaders at 0.9 (the front joins them on the key
+//!   alone with `min_shared = 0`: bare prompts share no prefix blocks);
+//! - the filter writes the prefetch level its knob policy allowed for the front.
+//!
+//! Needs `scripts/setup` (Envoy), `scripts/build-wasm` (the filter) and the `cohort`
+//! binary; `scripts/test` does all three.
+
+use cohort_fingerprint::{fingerprint, Request};
+use cohort_tests::batcher::{Batcher, BatcherSpec};
+use cohort_tests::client::post_json;
+use cohort_tests::envoy::Envoy;
+use cohort_tests::upstream::Upstream;
+use cohort_tests::{free_port, one_at_a_time};
+use serde_json::json;
+use std::time::Duration;
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn chat(user: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"model": "m", "messages": [{"role": "user", "content": user}]}))
+        .unwrap()
+}
+
+/// The routing key the filter gives a bare prompt at `threshold` (unsalted: no tenant).
+fn key(text: &str, threshold: f32) -> u64 {
+    let body = chat(text);
+    let request = Request {
+        path: Some(CHAT),
+        batch_threshold: threshold,
+        ..Request::new(&body)
+    };
+    fingerprint(&request).unwrap().routing_key.0
+}
+
+/// Two paraphrases that share a cohort at 0.1 and not at 0.9.
+fn coarse_pair() -> (&'static str, &'static str) {
+    const PROMPTS: [&str; 10] = [
+        "how do I get a refund for my order",
+        "I want my money back for this purchase",
+        "can you cancel my order and refund me",
+        "please return the money for the item I bought",
+        "what is the status of my refund",
+        "my card was charged twice, I need a refund",
+        "how long does a refund take to arrive",
+        "refund the payment for my last order",
+        "I returned the product, where is my refund",
+        "give me my money back",
+    ];
+    for (i, a) in PROMPTS.iter().enumerate() {
+        for b in &PROMPTS[i + 1..] {
+            if key(a, 0.1) == key(b, 0.1) && key(a, 0.9) != key(b, 0.9) {
+                return (a, b);
+            }
+        }
+    }
+    panic!("no pair of the prompts shares a coarse cell and splits at the finest level");
+}
+
+struct Stack {
+    _engines: Vec<Upstream>,
+    batcher: Batcher,
+    envoy: Envoy,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn stack(plugin_extra: &str) -> Stack {
+    let engines: Vec<Upstream> = (0..2)
+        .map(|i| Upstream::start(&format!("replica-{i}")))
+        .collect();
+    for engine in &engines {
+        // The leader's first byte comes late: its batch stays open for the follower.
+        engine.set_delay(Duration::from_millis(600));
+    }
+    let dir = std::env::temp_dir().join(format!("cohort-batch-knobs-{}", free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let toml = dir.join("serve.toml");
+    std::fs::write(&toml, "[batch]\nmin_shared = 0.0\nwindow_ms = 1000\n").unwrap();
+    let batcher = Batcher::start(BatcherSpec {
+        grpc_port: free_port(),
+        http_port: free_port(),
+        replicas: engines
+            .iter()
+            .map(|u| format!("{}=vllm+http://127.0.0.1:{}", u.name, u.port))
+            .collect(),
+        shard_index: 0,
+        shard_count: 1,
+        front_port: Some(free_port()),
+        extra_args: vec!["--config".into(), toml.display().to_string()],
+    });
+    let ports: Vec<u16> = engines.iter().map(|u| u.port).collect();
+    let envoy = Envoy::batch_with(
+        batcher.spec.grpc_port,
+        batcher.spec.front_port.unwrap(),
+        &ports,
+        &format!(
+            r#"{{"mode": "batch", "assign_deadline_ms": 2000,
+                "batcher_clusters": ["cohort-batcher-0"]{plugin_extra}}}"#
+        ),
+    );
+    Stack {
+        _engines: engines,
+        batcher,
+        envoy,
+        dir,
+    }
+}
+
+/// Sends `a`, then `b` 50 ms later, both with `headers`; returns their batch roles.
+fn roles(stack: &Stack, a: &str, b: &str, headers: &[(&str, &str)]) -> (String, String) {
+    let send = |text: &str| {
+        let response = post_json(stack.envoy.listen_port, CHAT, headers, &chat(text));
+        assert_eq!(response.status, 200, "{}", response.text());
+        let role = response.header("x-cohort-batch").unwrap_or_default();
+        role.split(';').next().unwrap_or_default().to_owned()
+    };
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| send(a));
+        std::thread::sleep(Duration::from_millis(50));
+        let second = scope.spawn(|| send(b));
+        (first.join().unwrap(), second.join().unwrap())
+    })
+}
+
+#[test]
+fn the_batch_threshold_decides_which_bare_prompts_share_a_batch() {
+    let _serial = one_at_a_time();
+    let (a, b) = coarse_pair();
+    let stack = stack("");
+    let coarse = roles(&stack, a, b, &[("x-cohort-batch-threshold", "0.1")]);
+    assert_eq!(
+        coarse,
+        ("leader".to_owned(), "follower".to_owned()),
+        "{a:?} and {b:?} are one cohort at 0.1"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let fine = roles(&stack, a, b, &[("x-cohort-batch-threshold", "0.9")]);
+    assert_eq!(
+        fine,
+        ("leader".to_owned(), "leader".to_owned()),
+        "two cohorts at 0.9"
+    );
+}
+
+/// Three sessions walk "look up" then "refund" (each step its own system prompt), asking
+/// for `high` prefetch; returns the warm-ups the front issued.
+fn warmups_after_walks(stack: &Stack) -> f64 {
+    for session in ["s1", "s2", "s3"] {
+        for system in [
+            "Look up the customer's order.",
+            "Refund the customer's order.",
+        ] {
+            let body = serde_json::to_vec(&json!({"model": "m", "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": format!("question of {session}")},
+            ]}))
+            .unwrap();
+            let headers = [("x-cohort-session", session), ("x-cohort-prefetch", "high")];
+            let response = post_json(stack.envoy.listen_port, CHAT, &headers, &body);
+            assert_eq!(response.status, 200);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    stack.batcher.metric("cohort_prefetch_issued_total")
+}
+
+#[test]
+fn the_filters_knob_policy_caps_the_prefetch_the_front_acts_on() {
+    // The filter writes the level its policy allowed as `x-cohort-prefetch` for the front:
+    // capped at `none`, a client's `high` warms nothing.
+    let _serial = one_at_a_time();
+    let capped = stack(r#", "knobs": {"global": {"max_prefetch": "none"}}"#);
+    assert_eq!(warmups_after_walks(&capped), 0.0);
+    drop(capped);
+    let open = stack("");
+    assert!(warmups_after_walks(&open) >= 1.0);
+}
