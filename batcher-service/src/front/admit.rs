@@ -141,7 +141,6 @@ impl Front {
             cohort: parsed.cohort,
             level: parsed.level,
             salt: parsed.salt.clone(),
-            probe_guard: false,
             avoid: None,
         });
         if let Some(adapter) = adapter {

@@ -12,8 +12,8 @@
 //!    as after a leader (the filter reports it under the Assign's ticket), so a warm-up
 //!    never prefills beside the request that predicted it; without progress reports
 //!    (observations off), at once, and never on the replica the request was assigned to.
-//!    Either way only where the engine's own probe shows no queue and, on slot engines,
-//!    the level's idle slots;
+//!    Either way only where the batcher's in-flight count (from the same progress
+//!    reports) leaves the level's idle slots and the engine's probe shows no queue;
 //! 4. the front needs a body to replay: for a cohort it has none of, the Assign reply sets
 //!    `exemplar_wanted`, and the filter sends that request's body on its observation
 //!    (`Observation.exemplar`, at most [`cohort_proto::EXEMPLAR_MAX_BYTES`]), once.
@@ -23,7 +23,7 @@
 
 use super::parse::tenant_and_context;
 use super::prefetch::Exemplar;
-use super::warm::WarmPlan;
+use super::warm::{Busy, WarmPlan};
 use super::{lock, Front};
 use cohort_batcher_core::engines::FrontApi;
 use cohort_fingerprint::knobs::Prefetch;
@@ -48,11 +48,14 @@ impl Front {
     /// An Assign the filter made in assign mode, with the batcher's `reply` and the
     /// request's prefetch level (after the knob policy). Returns whether the front wants
     /// the request's body as its cohort's exemplar.
+    /// `in_flight` gives each replica's requests in flight (the brain's count), read only
+    /// when the plan runs now.
     pub fn assigned(
         self: &Arc<Self>,
         request: &pb::RequestInfo,
         reply: &pb::AssignReply,
         level: Prefetch,
+        in_flight: impl FnOnce() -> Vec<u32>,
     ) -> bool {
         if request.mode != "assign" {
             return false;
@@ -78,24 +81,23 @@ impl Front {
             level,
             // Assign mode's requests reach the engine unsalted: so must their warm-ups.
             salt: None,
-            probe_guard: true,
             avoid: None,
         };
         if reply.ticket != 0 {
             lock(&self.first_byte_plans).put(reply.ticket, plan);
         } else {
             plan.avoid = Some(replica);
-            self.warm_predicted(&plan);
+            self.warm_predicted(&plan, Busy::InFlight(&in_flight()));
         }
         !known && level != Prefetch::None
     }
 
     /// The filter reported the first byte of the request assigned under `ticket`: warm
-    /// what it predicted.
-    pub fn first_byte(self: &Arc<Self>, ticket: u64) {
+    /// what it predicted, with each replica's requests in flight.
+    pub fn first_byte(self: &Arc<Self>, ticket: u64, in_flight: impl FnOnce() -> Vec<u32>) {
         let plan = lock(&self.first_byte_plans).pop(&ticket);
         if let Some(plan) = plan {
-            self.warm_predicted(&plan);
+            self.warm_predicted(&plan, Busy::InFlight(&in_flight()));
         }
     }
 

@@ -9,7 +9,7 @@
 //! drops the request's future, and the claim with it). A leader's claim also tells its
 //! followers to stop waiting when it goes without a first byte.
 
-use super::warm::WarmPlan;
+use super::warm::{Busy, WarmPlan};
 use super::{lock, Front};
 use crate::engines::upstream::{Relay, UpstreamError};
 use axum::body::{Body, Bytes};
@@ -170,7 +170,7 @@ impl Front {
                     front.leader_prefilled(cohort, batch);
                 }
                 if let Some(plan) = warm_after {
-                    front.warm_predicted(&plan);
+                    front.warm_predicted(&plan, Busy::FrontBooks);
                 }
             })
         };

@@ -23,19 +23,26 @@ pub(super) struct WarmPlan {
     pub cohort: u64,
     pub level: Prefetch,
     pub salt: Option<String>,
-    /// Assign mode, where the front sees none of the traffic: the guard is the engine's
-    /// own probed queue rather than the front's slot and in-flight books.
-    pub probe_guard: bool,
     /// A replica no warm-up goes to: the one about to prefill the request that triggered
     /// the plan, when the plan runs before that request's first byte.
     pub avoid: Option<usize>,
+}
+
+/// How busy the replicas are, for the idle guard.
+pub(super) enum Busy<'a> {
+    /// Batch mode: the front's own books (slots, requests in flight), which see all the
+    /// traffic.
+    FrontBooks,
+    /// Assign mode, where the front sees none of it: the batcher's in-flight count per
+    /// replica (the filters' progress reports), with the engine's probed queue.
+    InFlight(&'a [u32]),
 }
 
 impl Front {
     /// Warms the cohorts predicted to follow this one, on their owner replicas, when
     /// those have idle capacity (the level's idle guard). Called at the leader's first
     /// byte, so its own prefill is never slowed by a warm-up on the same replica.
-    pub(super) fn warm_predicted(self: &Arc<Self>, parsed: &WarmPlan) {
+    pub(super) fn warm_predicted(self: &Arc<Self>, parsed: &WarmPlan, busy: Busy<'_>) {
         let Some(policy) = PrefetchPolicy::of(parsed.level) else {
             return;
         };
@@ -55,19 +62,21 @@ impl Front {
             if parsed.avoid == Some(replica) {
                 continue;
             }
-            if parsed.probe_guard {
-                // The engine's probe is the only view of its load here: nothing waiting,
-                // and on slot engines the guard's idle slots free.
-                let metrics = target.metrics();
-                let queued = metrics.waiting.unwrap_or(0.0) > 0.0;
-                let slots = lock(&self.slots).slots(replica);
-                let busy = target.engine.release() == Release::SameSlot
-                    && metrics.running.unwrap_or(0.0) + policy.idle_slots as f64 > slots as f64;
-                if queued || busy {
+            let slot = if let Busy::InFlight(in_flight) = busy {
+                // Nothing queued at the engine, and the level's idle slots free (on an
+                // engine without slots, fewer than 4 × the guard in flight, as below).
+                let running = in_flight.get(replica).copied().unwrap_or(u32::MAX) as usize;
+                let queued = target.metrics().waiting.unwrap_or(0.0) > 0.0;
+                let full = if target.engine.release() == Release::SameSlot {
+                    running + policy.idle_slots > lock(&self.slots).slots(replica)
+                } else {
+                    running >= 4 * policy.idle_slots
+                };
+                if queued || full {
                     continue;
                 }
-            }
-            let slot = if target.engine.release() == Release::SameSlot {
+                None
+            } else if target.engine.release() == Release::SameSlot {
                 let mut slots = lock(&self.slots);
                 if slots.holds(replica, prediction.cohort)
                     || slots.idle_slots(replica) < policy.idle_slots

@@ -38,7 +38,7 @@ impl Batcher for BatcherService {
         let mut reply = self.brain.assign(assign, self.clock.now_ms())?;
         if let (Some(front), Some(info)) = (&self.front, &assign.request) {
             let level = self.brain.knobs(info).prefetch;
-            reply.exemplar_wanted = front.assigned(info, &reply, level);
+            reply.exemplar_wanted = front.assigned(info, &reply, level, || self.brain.in_flight());
         }
         Ok(Response::new(reply))
     }
@@ -65,7 +65,7 @@ impl Batcher for BatcherService {
                     }
                     if let Some(progress) = &observation.progress {
                         if progress.phase == pb::request_progress::Phase::FirstByte as i32 {
-                            front.first_byte(progress.ticket);
+                            front.first_byte(progress.ticket, || self.brain.in_flight());
                         }
                     }
                 }

@@ -770,6 +770,13 @@ impl Policy {
     }
 
     /// Per-replica load, prefix-state size and evictions, and decision counts, at `now_ms`.
+    /// Assigned requests not ended on each replica (from the filters' progress reports).
+    pub fn in_flight(&self) -> Vec<u32> {
+        (0..self.states.len())
+            .map(|r| self.in_flight.replica(r).in_flight)
+            .collect()
+    }
+
     pub fn snapshot(&self, now_ms: u64) -> PolicySnapshot {
         let decay = self.decay();
         let ttl = self.config.report_ttl_ms;

@@ -312,6 +312,12 @@ impl Brain {
         })
     }
 
+    /// Each replica's assigned requests not ended: assign mode's exact load, which the
+    /// front's own books do not see (its warm-up guard, [`crate::front::Front::first_byte`]).
+    pub(crate) fn in_flight(&self) -> Vec<u32> {
+        lock(&self.policy).in_flight()
+    }
+
     /// The audit log the brain writes at Assign and on progress reports.
     pub fn audit(&self) -> Arc<AuditLog> {
         Arc::clone(&self.audit)
