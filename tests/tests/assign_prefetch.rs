@@ -5,7 +5,8 @@
 //! - the batcher learns cohort sequences from Assigns, asks the filter for one body per
 //!   cohort (`exemplar_wanted`), and warms the predicted next cohort on its owner replica
 //!   with one output token, computing the shared prefix only;
-//! - `x-cohort-prefetch: none` warms nothing, and the batcher's `[knobs]` cap a tenant.
+//! - `x-cohort-prefetch: none` warms nothing, nor does a request without a session, and
+//!   the batcher's `[knobs]` cap a tenant.
 //!
 //! Needs `scripts/setup` (Envoy), `scripts/build-wasm` (the filter) and the `cohort`
 //! binary; `scripts/test` does all three.
@@ -177,6 +178,10 @@ fn assign_mode_warms_the_predicted_cohort_on_its_owner() {
     stack.send("t", "s4", "none", "Look up the customer's order.");
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(stack.warmups().len(), before, "x-cohort-prefetch: none");
+    // Without a session, the tenant's interleaved requests predict nothing worth warming.
+    stack.walk("t", &["", "", ""], "high");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stack.warmups().len(), before, "no x-cohort-session");
 }
 
 #[test]

@@ -5,7 +5,9 @@
 //! mode ([`super::prefetch`], [`super::warm`]), never sees the request. So the gRPC service
 //! tells it of every Assign, and the same model and the same engine adapters act:
 //! 1. the cohort's transition is learnt (tenant, session, `x-cohort-key`), as at a leader's
-//!    admission;
+//!    admission; only requests with a session (`x-cohort-session`) warm anything (in batch
+//!    mode a tenant without sessions is one sequence; here, where a busy tenant's users
+//!    interleave, that sequence predicts only popularity, see [`Front::assigned`]);
 //! 2. a fresh warm-up of the cohort counts as a hit, an arrival with nothing held where it
 //!    goes as a miss;
 //! 3. the cohorts predicted next are warmed on their owners at the request's first byte,
@@ -66,15 +68,28 @@ impl Front {
         };
         let now = self.clock.now_ms();
         let cohort = fp.key;
+        let session = Some(request.session.as_str()).filter(|s| !s.is_empty());
         let (tenant_hash, context) = tenant_and_context(
             Some(request.tenant.as_str()).filter(|t| !t.is_empty()),
-            Some(request.session.as_str()).filter(|s| !s.is_empty()),
+            session,
         );
         self.prefetch.observe(tenant_hash, context, cohort, now);
         let used_warmup = self.prefetch.take_warm(cohort, now).is_some();
         let known = self
             .prefetch
             .assigned(cohort, replica, used_warmup, reply.matched_blocks > 0);
+        // Only a session's sequence predicts: without one, a tenant's "sequence" is its
+        // users' requests interleaved, which predicts only what is popular, and the policy
+        // already keeps popular prefixes home (measured on the README demo: 59 warm-ups for
+        // 96 requests, TTFT p95 1.28× round-robin's against 1.04× without them).
+        let level = if session.is_some() {
+            level
+        } else {
+            Prefetch::None
+        };
+        if level == Prefetch::None {
+            return false;
+        }
         let mut plan = WarmPlan {
             tenant_hash,
             cohort,
@@ -89,7 +104,7 @@ impl Front {
             plan.avoid = Some(replica);
             self.warm_predicted(&plan, Busy::InFlight(&in_flight()));
         }
-        !known && level != Prefetch::None
+        !known
     }
 
     /// The filter reported the first byte of the request assigned under `ticket`: warm
