@@ -91,6 +91,9 @@ impl<'a> Request<'a> {
 
 /// Seeds the hash of a text's anchor words.
 const ANCHOR_SEED: u64 = 0x616e_6368_6f72_7331;
+/// Mixed into the cohort code of a topic-mode and a hybrid-mode sketch (even numbers).
+const TOPIC_SEED: u64 = 0x746f_7069_635f_6d64 & !1;
+const HYBRID_SEED: u64 = 0x6879_6272_6964_6d64 & !1;
 
 /// The semantic part of a fingerprint: masked tokens, their sketch, and the text's anchors.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,6 +102,8 @@ pub struct IntentSketch {
     pub sketch: Sketch,
     /// Hash of the words of the text's anchors (`【…】`, [`mask`]), 0 when it has none.
     pub anchor: u64,
+    /// What the sketch weighs: cohorts of different modes are kept apart.
+    pub mode: SemanticMode,
 }
 
 impl IntentSketch {
@@ -120,6 +125,7 @@ impl IntentSketch {
             tokens,
             sketch,
             anchor,
+            mode,
         }
     }
 
@@ -138,12 +144,25 @@ impl IntentSketch {
     /// that differ only in an anchored value ("recommend 【Electronics】" and "recommend
     /// 【Books】") get different cohorts. Such codes have the top bit set; codebook codes
     /// never do.
+    ///
+    /// A sketch of another semantic mode than `intent` (the default) gets its centroid's
+    /// code mixed with the mode the same way, so a topic cohort and an intent cohort that
+    /// fall into one cell stay apart (the codebook's cells are one partition of sketch
+    /// space, whatever a sketch weighs).
     pub fn cohort(&self, batch_threshold: f32) -> u32 {
         let code = Codebook::embedded().code(batch_threshold, &self.sketch);
-        if self.anchor == 0 {
+        let mode_seed = match self.mode {
+            SemanticMode::Intent => 0,
+            SemanticMode::Topic => TOPIC_SEED,
+            SemanticMode::Hybrid => HYBRID_SEED,
+        };
+        if self.anchor == 0 && (mode_seed == 0 || code == sketch::codebook::NO_INTENT) {
             return code;
         }
-        let mixed = xxhash_rust::xxh3::xxh3_64_with_seed(&code.to_le_bytes(), self.anchor) as u32;
+        // An anchor hash is odd and the mode seeds are even: the seed is never 0, and an
+        // intent-mode text's seed is its anchor hash alone, as before modes were mixed in.
+        let seed = self.anchor ^ mode_seed;
+        let mixed = xxhash_rust::xxh3::xxh3_64_with_seed(&code.to_le_bytes(), seed) as u32;
         let anchored = mixed | 1 << 31;
         if anchored == sketch::codebook::NO_INTENT {
             anchored - 1

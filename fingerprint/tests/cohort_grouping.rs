@@ -124,3 +124,45 @@ fn an_anchored_value_splits_the_cohort_and_a_masked_one_does_not() {
         cohort_fingerprint::sketch::codebook::NO_INTENT
     );
 }
+
+#[test]
+fn cohorts_of_different_semantic_modes_are_kept_apart() {
+    // `x-cohort-semantic-mode`: the codebook is one partition of sketch space, so a topic
+    // sketch and an intent sketch can fall into one cell; the mode is mixed into the code
+    // of topic and hybrid sketches (intent codes are the plain centroid codes, as before).
+    let texts: Vec<String> = banking77_test()
+        .into_iter()
+        .take(200)
+        .map(|(text, _)| text)
+        .collect();
+    let modes = [
+        SemanticMode::Intent,
+        SemanticMode::Topic,
+        SemanticMode::Hybrid,
+    ];
+    let codes: Vec<std::collections::BTreeSet<u32>> = modes
+        .iter()
+        .map(|&mode| {
+            texts
+                .iter()
+                .map(|t| IntentSketch::of_text(t, mode).cohort(0.5))
+                .collect()
+        })
+        .collect();
+    for i in 0..modes.len() {
+        for j in i + 1..modes.len() {
+            assert!(
+                codes[i].is_disjoint(&codes[j]),
+                "{:?} and {:?} share a cohort",
+                modes[i],
+                modes[j]
+            );
+        }
+    }
+    assert!(
+        codes[0].iter().all(|c| c >> 31 == 0),
+        "intent codes are centroid codes"
+    );
+    // Within a mode, grouping is unchanged: as many cohorts as centroids reached.
+    assert!(codes[1].len() > 1 && codes[1].len() < texts.len());
+}

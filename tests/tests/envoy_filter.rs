@@ -506,6 +506,37 @@ fn the_operator_sets_knob_defaults_per_route_and_bounds_per_tenant() {
 }
 
 #[test]
+fn bare_prompts_of_different_semantic_modes_get_different_cohorts() {
+    // x-cohort-semantic-mode keys bare prompts apart: the same prompts under `intent` and
+    // `topic` share no cohort id and no routing key, so neither affinity nor batch grouping
+    // mixes them.
+    let upstream = Upstream::start("u");
+    let envoy = affinity(&[&upstream], "{}");
+    let prompts = banking77(5, 4);
+    let seen = |mode: &str| -> (BTreeSet<String>, BTreeSet<String>) {
+        let mut clusters = BTreeSet::new();
+        let mut keys = BTreeSet::new();
+        for text in &prompts {
+            let headers = [("x-cohort-semantic-mode", mode)];
+            let response = post_json(envoy.listen_port, CHAT, &headers, &chat(None, text));
+            assert_eq!(response.status, 200);
+            let got = upstream.received().pop().unwrap();
+            clusters.insert(got.header("x-cohort-cluster").unwrap().to_owned());
+            keys.insert(got.header("x-cohort-key").unwrap().to_owned());
+        }
+        (clusters, keys)
+    };
+    let (intent_clusters, intent_keys) = seen("intent");
+    let (topic_clusters, topic_keys) = seen("topic");
+    assert!(intent_clusters.is_disjoint(&topic_clusters));
+    assert!(intent_keys.is_disjoint(&topic_keys));
+    assert!(
+        topic_clusters.len() < prompts.len(),
+        "topic prompts still group"
+    );
+}
+
+#[test]
 fn an_anchored_category_gets_a_cohort_of_its_own_through_envoy() {
     // The recommendation template: a capitalised category mid-sentence is masked as a
     // name, so every category is one cohort; anchored (【…】) each is its own.
