@@ -86,19 +86,15 @@ fn stack(plugin_extra: &str) -> Stack {
     std::fs::create_dir_all(&dir).unwrap();
     let toml = dir.join("serve.toml");
     std::fs::write(&toml, "[batch]\nmin_shared = 0.0\nwindow_ms = 1000\n").unwrap();
+    let ports: Vec<u16> = engines.iter().map(|u| u.port).collect();
     let batcher = Batcher::start(BatcherSpec {
-        grpc_port: free_port(),
-        http_port: free_port(),
         replicas: engines
             .iter()
             .map(|u| format!("{}=vllm+http://127.0.0.1:{}", u.name, u.port))
             .collect(),
-        shard_index: 0,
-        shard_count: 1,
-        front_port: Some(free_port()),
         extra_args: vec!["--config".into(), toml.display().to_string()],
+        ..BatcherSpec::over_engines(&ports)
     });
-    let ports: Vec<u16> = engines.iter().map(|u| u.port).collect();
     let envoy = Envoy::batch_with(
         batcher.spec.grpc_port,
         batcher.spec.front_port.unwrap(),
