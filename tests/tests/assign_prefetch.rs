@@ -6,7 +6,12 @@
 //!   cohort (`exemplar_wanted`), and warms the predicted next cohort on its owner replica
 //!   with one output token, computing the shared prefix only;
 //! - `x-cohort-prefetch: none` warms nothing, nor does a request without a session, and
-//!   the batcher's `[knobs]` cap a tenant.
+//!   the batcher's `[knobs]` cap a tenant;
+//! - a prefix that still counts as held on its owner (within its cache TTL, not evicted
+//!   from the modelled cache) is not warmed again.
+//!
+//! The system prompts are about 900 bytes (three of the filter's 256-byte blocks shared):
+//! with `kv_blocks_per_replica = 2` the batcher never counts one as held, so it warms.
 //!
 //! Needs `scripts/setup` (Envoy), `scripts/build-wasm` (the filter) and the `cohort`
 //! binary; `scripts/test` does all three.
@@ -20,6 +25,8 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 const CHAT: &str = "/v1/chat/completions";
+/// A modelled prefix cache of two blocks per replica: smaller than a system prompt.
+const SMALL_CACHE: &str = "[policy]\nkv_blocks_per_replica = 2\n";
 
 struct Stack {
     replicas: Vec<Upstream>,
@@ -80,7 +87,7 @@ fn stack(serve_toml: Option<&str>) -> Stack {
 /// A conversation step: an application's system prompt, with the session's question.
 fn body(system: &str, question: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({"model": "m", "messages": [
-        {"role": "system", "content": format!("{system} {}", "Be brief and polite. ".repeat(20))},
+        {"role": "system", "content": format!("{system} {}", "Be brief and polite. ".repeat(40))},
         {"role": "user", "content": question},
     ]}))
     .unwrap()
@@ -140,7 +147,7 @@ impl Stack {
 #[test]
 fn assign_mode_warms_the_predicted_cohort_on_its_owner() {
     let _serial = one_at_a_time();
-    let stack = stack(None);
+    let stack = stack(Some(SMALL_CACHE));
     // Two sessions walk lookup → refund: the batcher learns the step and, for each cohort,
     // asks the filter for one body.
     let (_, refund_on) = stack.walk("t", &["s1", "s2"], "high");
@@ -187,7 +194,9 @@ fn assign_mode_warms_the_predicted_cohort_on_its_owner() {
 #[test]
 fn the_batchers_knob_policy_caps_a_tenants_prefetch_in_assign_mode() {
     let _serial = one_at_a_time();
-    let stack = stack(Some("[knobs.tenants.capped]\nmax_prefetch = \"none\"\n"));
+    let stack = stack(Some(&format!(
+        "{SMALL_CACHE}[knobs.tenants.capped]\nmax_prefetch = \"none\"\n"
+    )));
     stack.walk("capped", &["s1", "s2", "s3"], "high");
     std::thread::sleep(Duration::from_millis(500));
     assert!(stack.warmups().is_empty(), "{:?}", stack.warmups());
@@ -195,4 +204,20 @@ fn the_batchers_knob_policy_caps_a_tenants_prefetch_in_assign_mode() {
     assert!(eventually(Duration::from_secs(3), || !stack
         .warmups()
         .is_empty()));
+}
+
+#[test]
+fn a_prefix_held_within_its_cache_ttl_is_not_warmed_again() {
+    // The default modelled cache holds the prompts: refund's prefix counts as held on its
+    // owner for its TTL (600 s), so predicting refund warms nothing.
+    let _serial = one_at_a_time();
+    let stack = stack(None);
+    stack.walk("t", &["s1", "s2", "s3"], "high");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(stack.warmups().is_empty(), "{:?}", stack.warmups());
+    assert!(
+        stack.batcher.metric("cohort_prefetch_hit_total") == 0.0
+            && stack.batcher.metric("cohort_prefetch_miss_total") == 0.0,
+        "refund arrived warm, by the model: neither a hit nor a miss"
+    );
 }

@@ -248,3 +248,26 @@ fn draining_load_model_counts_outstanding_work() {
     assert!((s.replicas[a].load - 1000.0).abs() < 1e-6, "{s:?}");
     assert_eq!(p.snapshot(5000).replicas[a].load, 0.0);
 }
+
+#[test]
+fn a_warmed_prefix_counts_as_held_for_its_ttl_and_routes_there() {
+    // Assign mode's prefetch: a warm-up's blocks count as held on its replica for the
+    // request's cache TTL (so the next warm-up waits for the TTL to run out), and the
+    // cohort's next request finds them there.
+    let mut p = Policy::new(PolicyConfig::new(3, 1_000));
+    let blocks = [11, 12, 13];
+    assert!(!p.holds(2, &blocks, 0));
+    p.warmed(2, &blocks, 1_000, 300_000);
+    assert!(p.holds(2, &blocks, 300_999));
+    assert!(
+        !p.holds(2, &blocks, 301_000),
+        "the TTL ran out: warm it again"
+    );
+    assert!(!p.holds(1, &blocks, 2_000), "only where it was warmed");
+    assert!(
+        !p.holds(2, &[11, 12, 14], 2_000),
+        "every block must be held"
+    );
+    let choice = p.choose(&req(&[11, 12, 13, 99], 400, 2_000));
+    assert_eq!((choice.replica, choice.matched_blocks), (2, 3));
+}

@@ -132,6 +132,7 @@ impl Front {
                 api: parsed.api,
                 body: parsed.body.clone(),
                 replica,
+                blocks: Vec::new(),
             },
             used_warmup,
             warm,
@@ -142,6 +143,7 @@ impl Front {
             level: parsed.level,
             salt: parsed.salt.clone(),
             avoid: None,
+            resident_s: 0,
         });
         if let Some(adapter) = adapter {
             self.ensure_lora(replica, &adapter).await;

@@ -25,9 +25,9 @@
 
 use super::parse::tenant_and_context;
 use super::prefetch::Exemplar;
-use super::warm::{Busy, WarmPlan};
+use super::warm::{Busy, LiveFleet, WarmPlan};
 use super::{lock, Front};
-use cohort_batcher_core::engines::FrontApi;
+use cohort_batcher_core::engines::{warmup_body, FrontApi};
 use cohort_fingerprint::knobs::Prefetch;
 use cohort_proto as pb;
 use serde_json::{Map, Value};
@@ -50,14 +50,15 @@ impl Front {
     /// An Assign the filter made in assign mode, with the batcher's `reply` and the
     /// request's prefetch level (after the knob policy). Returns whether the front wants
     /// the request's body as its cohort's exemplar.
-    /// `in_flight` gives each replica's requests in flight (the brain's count), read only
-    /// when the plan runs now.
+    /// `resident_s` is the request's cache TTL (how long a prefix it warms counts as
+    /// held); `live` is the batcher's view of the fleet.
     pub fn assigned(
         self: &Arc<Self>,
         request: &pb::RequestInfo,
         reply: &pb::AssignReply,
         level: Prefetch,
-        in_flight: impl FnOnce() -> Vec<u32>,
+        resident_s: u32,
+        live: &dyn LiveFleet,
     ) -> bool {
         if request.mode != "assign" {
             return false;
@@ -97,22 +98,23 @@ impl Front {
             // Assign mode's requests reach the engine unsalted: so must their warm-ups.
             salt: None,
             avoid: None,
+            resident_s,
         };
         if reply.ticket != 0 {
             lock(&self.first_byte_plans).put(reply.ticket, plan);
         } else {
             plan.avoid = Some(replica);
-            self.warm_predicted(&plan, Busy::InFlight(&in_flight()));
+            self.warm_predicted(&plan, Busy::Live(live));
         }
         !known
     }
 
     /// The filter reported the first byte of the request assigned under `ticket`: warm
     /// what it predicted, with each replica's requests in flight.
-    pub fn first_byte(self: &Arc<Self>, ticket: u64, in_flight: impl FnOnce() -> Vec<u32>) {
+    pub fn first_byte(self: &Arc<Self>, ticket: u64, live: &dyn LiveFleet) {
         let plan = lock(&self.first_byte_plans).pop(&ticket);
         if let Some(plan) = plan {
-            self.warm_predicted(&plan, Busy::InFlight(&in_flight()));
+            self.warm_predicted(&plan, Busy::Live(live));
         }
     }
 
@@ -136,7 +138,40 @@ impl Front {
         let Ok(body) = serde_json::from_slice::<Map<String, Value>>(&observation.exemplar) else {
             return;
         };
-        self.prefetch.keep(fp.key, Exemplar { api, body, replica });
+        let tenant = Some(request.tenant.as_str()).filter(|t| !t.is_empty());
+        let blocks = self.warmed_blocks(api, &body, tenant);
+        self.prefetch.keep(
+            fp.key,
+            Exemplar {
+                api,
+                body,
+                replica,
+                blocks,
+            },
+        );
+    }
+
+    /// The prefix blocks a warm-up of `exemplar` computes that the cohort's requests share:
+    /// the warm-up body's blocks, salted as the filter salts them, but its last (where the
+    /// empty turn that replaces the exemplar's conversation begins). Empty when the body
+    /// does not fingerprint.
+    fn warmed_blocks(
+        &self,
+        api: FrontApi,
+        exemplar: &Map<String, Value>,
+        tenant: Option<&str>,
+    ) -> Vec<u64> {
+        let body = serde_json::to_vec(&warmup_body(api, exemplar)).unwrap_or_default();
+        let request = cohort_fingerprint::Request {
+            path: Some(api.path()),
+            salt: cohort_fingerprint::TenantSalt::new(&self.secret, tenant),
+            ..cohort_fingerprint::Request::new(&body)
+        };
+        let mut blocks = cohort_fingerprint::fingerprint(&request)
+            .map(|fp| fp.prefix_blocks)
+            .unwrap_or_default();
+        blocks.pop();
+        blocks
     }
 }
 

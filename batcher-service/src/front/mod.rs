@@ -71,6 +71,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+pub use warm::LiveFleet;
 
 /// Assign-mode warm plans waiting for their request's first byte.
 const FIRST_BYTE_PLANS: usize = 4096;

@@ -31,6 +31,10 @@ pub struct Exemplar {
     pub api: FrontApi,
     pub body: Map<String, Value>,
     pub replica: usize,
+    /// Assign mode: the prefix blocks its warm-up computes (the shared part, salted as the
+    /// filter salts), so a warm-up is skipped while they count as held on the replica and
+    /// recorded as held once sent. Empty in batch mode (no such check).
+    pub blocks: Vec<u64>,
 }
 
 pub struct Prefetcher {
@@ -207,6 +211,7 @@ mod tests {
             api: FrontApi::ChatCompletions,
             body: Map::new(),
             replica,
+            blocks: Vec::new(),
         }
     }
 

@@ -26,16 +26,29 @@ pub(super) struct WarmPlan {
     /// A replica no warm-up goes to: the one about to prefill the request that triggered
     /// the plan, when the plan runs before that request's first byte.
     pub avoid: Option<usize>,
+    /// Assign mode: how long a warmed prefix counts as held (the triggering request's
+    /// `x-cohort-cache-ttl`), seconds.
+    pub resident_s: u32,
 }
 
-/// How busy the replicas are, for the idle guard.
+/// Assign mode's view of the fleet, which the front's own books do not have: the
+/// batcher's (`serve::brain`).
+pub trait LiveFleet {
+    /// Assigned requests in flight per replica (the filters' progress reports).
+    fn in_flight(&self) -> Vec<u32>;
+    /// Whether `blocks` all count as held on `replica` now (within their cache TTL).
+    fn holds(&self, replica: usize, blocks: &[u64]) -> bool;
+    /// A warm-up computed `blocks` on `replica`: they count as held for `resident_s`.
+    fn warmed(&self, replica: usize, blocks: &[u64], resident_s: u32);
+}
+
+/// How the replicas' state is known, for the idle guard.
 pub(super) enum Busy<'a> {
     /// Batch mode: the front's own books (slots, requests in flight), which see all the
     /// traffic.
     FrontBooks,
-    /// Assign mode, where the front sees none of it: the batcher's in-flight count per
-    /// replica (the filters' progress reports), with the engine's probed queue.
-    InFlight(&'a [u32]),
+    /// Assign mode, where the front sees none of it: the batcher's books.
+    Live(&'a dyn LiveFleet),
 }
 
 impl Front {
@@ -50,6 +63,7 @@ impl Front {
             return;
         }
         let now = self.clock.now_ms();
+        let mut in_flight: Option<Vec<u32>> = None;
         for (prediction, exemplar) in
             self.prefetch
                 .plan(parsed.tenant_hash, parsed.cohort, now, policy)
@@ -62,7 +76,13 @@ impl Front {
             if parsed.avoid == Some(replica) {
                 continue;
             }
-            let slot = if let Busy::InFlight(in_flight) = busy {
+            let slot = if let Busy::Live(live) = busy {
+                // A prefix still held within its cache TTL needs no warm-up: the TTL is
+                // what decides when prefetch warms it again.
+                if !exemplar.blocks.is_empty() && live.holds(replica, &exemplar.blocks) {
+                    continue;
+                }
+                let in_flight = in_flight.get_or_insert_with(|| live.in_flight());
                 // Nothing queued at the engine, and the level's idle slots free (on an
                 // engine without slots, fewer than 4 × the guard in flight, as below).
                 let running = in_flight.get(replica).copied().unwrap_or(u32::MAX) as usize;
@@ -92,6 +112,9 @@ impl Front {
                 None
             };
             self.prefetch.issued(prediction.cohort, replica, now);
+            if let Busy::Live(live) = busy {
+                live.warmed(replica, &exemplar.blocks, parsed.resident_s);
+            }
             let mut body = warmup_body(exemplar.api, &exemplar.body);
             target.engine.prepare(
                 &mut body,

@@ -37,8 +37,14 @@ impl Batcher for BatcherService {
         let assign = request.get_ref();
         let mut reply = self.brain.assign(assign, self.clock.now_ms())?;
         if let (Some(front), Some(info)) = (&self.front, &assign.request) {
-            let level = self.brain.knobs(info).prefetch;
-            reply.exemplar_wanted = front.assigned(info, &reply, level, || self.brain.in_flight());
+            let knobs = self.brain.knobs(info);
+            reply.exemplar_wanted = front.assigned(
+                info,
+                &reply,
+                knobs.prefetch,
+                knobs.cache_ttl_s,
+                self.brain.as_ref(),
+            );
         }
         Ok(Response::new(reply))
     }
@@ -65,7 +71,7 @@ impl Batcher for BatcherService {
                     }
                     if let Some(progress) = &observation.progress {
                         if progress.phase == pb::request_progress::Phase::FirstByte as i32 {
-                            front.first_byte(progress.ticket, || self.brain.in_flight());
+                            front.first_byte(progress.ticket, self.brain.as_ref());
                         }
                     }
                 }

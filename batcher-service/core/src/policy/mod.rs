@@ -770,6 +770,22 @@ impl Policy {
     }
 
     /// Per-replica load, prefix-state size and evictions, and decision counts, at `now_ms`.
+    /// Whether every one of `blocks` counts as held on `replica` at `now_ms` (recorded
+    /// within its cache TTL and not evicted from the modelled cache).
+    pub fn holds(&self, replica: usize, blocks: &[u64], now_ms: u64) -> bool {
+        self.states
+            .get(replica)
+            .is_some_and(|state| state.matched(blocks, now_ms) == blocks.len())
+    }
+
+    /// A warm-up computed `blocks` on `replica`: they count as held for `resident_ms`, as
+    /// if a request had sent them (no load: the warm-up ran on idle capacity).
+    pub fn warmed(&mut self, replica: usize, blocks: &[u64], now_ms: u64, resident_ms: u64) {
+        if let Some(state) = self.states.get_mut(replica) {
+            state.record(blocks, now_ms, now_ms.saturating_add(resident_ms));
+        }
+    }
+
     /// Assigned requests not ended on each replica (from the filters' progress reports).
     pub fn in_flight(&self) -> Vec<u32> {
         (0..self.states.len())

@@ -312,12 +312,6 @@ impl Brain {
         })
     }
 
-    /// Each replica's assigned requests not ended: assign mode's exact load, which the
-    /// front's own books do not see (its warm-up guard, [`crate::front::Front::first_byte`]).
-    pub(crate) fn in_flight(&self) -> Vec<u32> {
-        lock(&self.policy).in_flight()
-    }
-
     /// The audit log the brain writes at Assign and on progress reports.
     pub fn audit(&self) -> Arc<AuditLog> {
         Arc::clone(&self.audit)
@@ -564,6 +558,23 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Assign mode's prefetch reads the brain's books: requests in flight per replica, and
+/// which prefixes count as held (what a warm-up need not compute, and what it computed).
+impl crate::front::LiveFleet for Brain {
+    fn in_flight(&self) -> Vec<u32> {
+        lock(&self.policy).in_flight()
+    }
+
+    fn holds(&self, replica: usize, blocks: &[u64]) -> bool {
+        lock(&self.policy).holds(replica, blocks, self.clock.now_ms())
+    }
+
+    fn warmed(&self, replica: usize, blocks: &[u64], resident_s: u32) {
+        let now = self.clock.now_ms();
+        lock(&self.policy).warmed(replica, blocks, now, u64::from(resident_s) * 1000);
+    }
 }
 
 #[cfg(test)]
