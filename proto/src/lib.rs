@@ -20,8 +20,9 @@ pub const METHOD_OBSERVE: &str = "Observe";
 pub const METHOD_STATUS: &str = "Status";
 
 /// Largest request body the filter sends as a warm-up exemplar (`Observation.exemplar`);
-/// the batcher ignores larger ones.
-pub const EXEMPLAR_MAX_BYTES: usize = 256 * 1024;
+/// the batcher ignores larger ones. A batch of 256 observations with exemplars then stays
+/// within the batcher's message limit (32 MiB).
+pub const EXEMPLAR_MAX_BYTES: usize = 64 * 1024;
 
 /// Whether `value` is a plain name, safe in a header and a route match: 1–64 of
 /// `[A-Za-z0-9._-]`. Replica names (`x-cohort-shard`) and cohort ids must be plain; the

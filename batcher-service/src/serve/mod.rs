@@ -32,6 +32,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::info;
 
+/// The largest gRPC message the batcher accepts: an `ObservationBatch` of 256 observations,
+/// each with an exemplar of at most 64 KiB, fits.
+const OBSERVE_MESSAGE_LIMIT: usize = 32 << 20;
+
 /// Runs until SIGTERM or Ctrl-C.
 pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     let clock = Clock::start();
@@ -123,7 +127,12 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         let incoming =
             tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
         tonic::transport::Server::builder()
-            .add_service(cohort_proto::batcher_server::BatcherServer::new(service))
+            .add_service(
+                cohort_proto::batcher_server::BatcherServer::new(service)
+                    // A batch of observations may carry exemplars (assign-mode prefetch):
+                    // up to OUTBOX_BATCH_LIMIT × EXEMPLAR_MAX_BYTES, above tonic's 4 MiB.
+                    .max_decoding_message_size(OBSERVE_MESSAGE_LIMIT),
+            )
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = stop.wait_for(|s| *s).await;
             })
