@@ -169,6 +169,11 @@ pub enum ConfigError {
 }
 
 impl FilterConfig {
+    /// Whether the operator set a knob policy (`knobs`).
+    pub fn has_knob_policy(&self) -> bool {
+        !self.knobs.is_empty()
+    }
+
     /// Parses and validates; empty input means all defaults.
     pub fn parse(bytes: &[u8]) -> Result<FilterConfig, ConfigError> {
         let config: FilterConfig = if bytes.iter().all(u8::is_ascii_whitespace) {

@@ -38,7 +38,7 @@ struct Assigning {
     shard_index: usize,
     started: SystemTime,
     /// The body as read for the fingerprint (kept, not copied, for the batcher's
-    /// `exemplar_wanted`).
+    /// `exemplar_wanted`), or empty where it cannot become an exemplar.
     body: Vec<u8>,
 }
 
@@ -298,7 +298,16 @@ impl CohortHttp {
                         routing,
                         shard_index: index,
                         started: now,
-                        body,
+                        // Kept only where it can become the batcher's exemplar (assign
+                        // mode, reporting, small enough); otherwise freed now.
+                        body: if config.mode == Mode::Assign
+                            && reports_progress
+                            && body.len() <= cohort_proto::EXEMPLAR_MAX_BYTES
+                        {
+                            body
+                        } else {
+                            Vec::new()
+                        },
                     }));
                     return Action::Pause;
                 }
@@ -434,18 +443,21 @@ impl Context for CohortHttp {
         let mut exemplar = Vec::new();
         let (shard, fallback) = match (reply, shared.config.as_ref()) {
             (Ok(assignment), Ok(config)) => {
-                if assignment.exemplar_wanted && body.len() <= cohort_proto::EXEMPLAR_MAX_BYTES {
+                if assignment.exemplar_wanted && !body.is_empty() {
                     exemplar = body;
                 }
                 let mut headers = vec![(config.headers.shard.clone(), assignment.shard.clone())];
                 if config.mode == Mode::Batch {
                     headers.push((config.headers.batch.clone(), shard_index.to_string()));
-                    // The front warms predicted cohorts at the level the operator's knob
-                    // policy let this request have, not at whatever the client sent.
-                    headers.push((
-                        config.headers.prefetch.clone(),
-                        plan.knobs.knobs.prefetch.as_str().to_owned(),
-                    ));
+                    // With a knob policy, the front warms predicted cohorts at the level it
+                    // let this request have, not at whatever the client sent (without one,
+                    // the front applies its own `[knobs]` to the client's header).
+                    if config.has_knob_policy() {
+                        headers.push((
+                            config.headers.prefetch.clone(),
+                            plan.knobs.knobs.prefetch.as_str().to_owned(),
+                        ));
+                    }
                     // The front salts engine caches per tenant (vLLM `cache_salt`): hand it
                     // the tenant the mesh established (a client's value was removed).
                     if let Some(tenant) = &plan.tenant {

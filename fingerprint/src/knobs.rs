@@ -29,9 +29,9 @@ pub mod policy;
 use crate::sketch::SemanticMode;
 use policy::KnobLimits;
 
-/// How aggressively to warm predicted cohorts: the knob's values, and the batcher's
-/// `prefetch.default_level` (the one prefetch level type; the batcher's core maps each to
-/// what it allows).
+/// How aggressively to warm predicted cohorts: the knob's values, and the knob policy's
+/// `prefetch` and `max_prefetch` ([`policy`]; the one prefetch level type, which the
+/// batcher's core maps to what each allows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Prefetch {

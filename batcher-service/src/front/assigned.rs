@@ -58,7 +58,7 @@ impl Front {
         reply: &pb::AssignReply,
         level: Prefetch,
         resident_s: u32,
-        live: &dyn LiveFleet,
+        live: &Arc<dyn LiveFleet>,
     ) -> bool {
         if request.mode != "assign" {
             return false;
@@ -106,12 +106,14 @@ impl Front {
             plan.avoid = Some(replica);
             self.warm_predicted(&plan, Busy::Live(live));
         }
-        !known
+        // A body is asked for only where it can arrive (the filter reports this request,
+        // so it sends observations) and be replayed (an API the front speaks).
+        !known && reply.ticket != 0 && api_of(&request.path).is_some()
     }
 
     /// The filter reported the first byte of the request assigned under `ticket`: warm
     /// what it predicted, with each replica's requests in flight.
-    pub fn first_byte(self: &Arc<Self>, ticket: u64, live: &dyn LiveFleet) {
+    pub fn first_byte(self: &Arc<Self>, ticket: u64, live: &Arc<dyn LiveFleet>) {
         let plan = lock(&self.first_byte_plans).pop(&ticket);
         if let Some(plan) = plan {
             self.warm_predicted(&plan, Busy::Live(live));

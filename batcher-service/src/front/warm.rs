@@ -33,7 +33,7 @@ pub(super) struct WarmPlan {
 
 /// Assign mode's view of the fleet, which the front's own books do not have: the
 /// batcher's (`serve::brain`).
-pub trait LiveFleet {
+pub trait LiveFleet: Send + Sync {
     /// Assigned requests in flight per replica (the filters' progress reports).
     fn in_flight(&self) -> Vec<u32>;
     /// Whether `blocks` all count as held on `replica` now (within their cache TTL).
@@ -43,12 +43,13 @@ pub trait LiveFleet {
 }
 
 /// How the replicas' state is known, for the idle guard.
+#[derive(Clone, Copy)]
 pub(super) enum Busy<'a> {
     /// Batch mode: the front's own books (slots, requests in flight), which see all the
     /// traffic.
     FrontBooks,
     /// Assign mode, where the front sees none of it: the batcher's books.
-    Live(&'a dyn LiveFleet),
+    Live(&'a Arc<dyn LiveFleet>),
 }
 
 impl Front {
@@ -85,7 +86,13 @@ impl Front {
                 let in_flight = in_flight.get_or_insert_with(|| live.in_flight());
                 // Nothing queued at the engine, and the level's idle slots free (on an
                 // engine without slots, fewer than 4 × the guard in flight, as below).
-                let running = in_flight.get(replica).copied().unwrap_or(u32::MAX) as usize;
+                let Some(running) = in_flight.get_mut(replica) else {
+                    continue;
+                };
+                let count = *running as usize;
+                // This plan's own warm-ups count too (the brain's book does not see them).
+                *running = running.saturating_add(1);
+                let running = count;
                 let queued = target.metrics().waiting.unwrap_or(0.0) > 0.0;
                 let full = if target.engine.release() == Release::SameSlot {
                     running + policy.idle_slots > lock(&self.slots).slots(replica)
@@ -112,9 +119,13 @@ impl Front {
                 None
             };
             self.prefetch.issued(prediction.cohort, replica, now);
-            if let Busy::Live(live) = busy {
-                live.warmed(replica, &exemplar.blocks, parsed.resident_s);
-            }
+            // Assign mode: once the warm-up is answered, its prefix counts as held there
+            // for the request's TTL (a failed one records nothing, so it is tried again).
+            let held = match busy {
+                Busy::Live(live) => Some((Arc::clone(live), exemplar.blocks.clone())),
+                Busy::FrontBooks => None,
+            };
+            let resident_s = parsed.resident_s;
             let mut body = warmup_body(exemplar.api, &exemplar.body);
             target.engine.prepare(
                 &mut body,
@@ -154,6 +165,8 @@ impl Front {
                 }
                 if !matches!(result, Ok((200..=299, _))) {
                     front.prefetch.failed(cohort);
+                } else if let Some((live, blocks)) = held {
+                    live.warmed(replica, &blocks, resident_s);
                 }
             });
         }

@@ -5,7 +5,7 @@
 
 use super::brain::{Brain, BrainError};
 use crate::clock::Clock;
-use crate::front::Front;
+use crate::front::{Front, LiveFleet};
 use cohort_proto as pb;
 use pb::batcher_server::Batcher;
 use std::sync::Arc;
@@ -38,13 +38,9 @@ impl Batcher for BatcherService {
         let mut reply = self.brain.assign(assign, self.clock.now_ms())?;
         if let (Some(front), Some(info)) = (&self.front, &assign.request) {
             let knobs = self.brain.knobs(info);
-            reply.exemplar_wanted = front.assigned(
-                info,
-                &reply,
-                knobs.prefetch,
-                knobs.cache_ttl_s,
-                self.brain.as_ref(),
-            );
+            let live: Arc<dyn LiveFleet> = self.brain.clone();
+            reply.exemplar_wanted =
+                front.assigned(info, &reply, knobs.prefetch, knobs.cache_ttl_s, &live);
         }
         Ok(Response::new(reply))
     }
@@ -71,7 +67,8 @@ impl Batcher for BatcherService {
                     }
                     if let Some(progress) = &observation.progress {
                         if progress.phase == pb::request_progress::Phase::FirstByte as i32 {
-                            front.first_byte(progress.ticket, self.brain.as_ref());
+                            let live: Arc<dyn LiveFleet> = self.brain.clone();
+                            front.first_byte(progress.ticket, &live);
                         }
                     }
                 }

@@ -769,7 +769,6 @@ impl Policy {
         }
     }
 
-    /// Per-replica load, prefix-state size and evictions, and decision counts, at `now_ms`.
     /// Whether every one of `blocks` counts as held on `replica` at `now_ms` (recorded
     /// within its cache TTL and not evicted from the modelled cache).
     pub fn holds(&self, replica: usize, blocks: &[u64], now_ms: u64) -> bool {
@@ -793,6 +792,7 @@ impl Policy {
             .collect()
     }
 
+    /// Per-replica load, prefix-state size and evictions, and decision counts, at `now_ms`.
     pub fn snapshot(&self, now_ms: u64) -> PolicySnapshot {
         let decay = self.decay();
         let ttl = self.config.report_ttl_ms;
