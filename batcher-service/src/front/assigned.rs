@@ -35,15 +35,7 @@ use std::sync::Arc;
 
 /// The API of a request path, as the filter matches it (a suffix, query ignored).
 fn api_of(path: &str) -> Option<FrontApi> {
-    let path = path.split(['?', '#']).next().unwrap_or("");
-    [
-        FrontApi::ChatCompletions,
-        FrontApi::Completions,
-        FrontApi::Responses,
-        FrontApi::Messages,
-    ]
-    .into_iter()
-    .find(|api| path.trim_end_matches('/').ends_with(api.path()))
+    cohort_fingerprint::api::api_from_path(path).map(FrontApi::of)
 }
 
 impl Front {

@@ -112,6 +112,18 @@ impl FrontApi {
         }
     }
 
+    /// The front's API for a request shape the fingerprint recognised (its path read as
+    /// the filter reads it: [`cohort_fingerprint::api::api_from_path`]).
+    pub fn of(api: cohort_fingerprint::Api) -> FrontApi {
+        use cohort_fingerprint::Api;
+        match api {
+            Api::OpenAiChat => FrontApi::ChatCompletions,
+            Api::OpenAiCompletions => FrontApi::Completions,
+            Api::OpenAiResponses => FrontApi::Responses,
+            Api::AnthropicMessages => FrontApi::Messages,
+        }
+    }
+
     pub fn path(self) -> &'static str {
         match self {
             FrontApi::ChatCompletions => "/v1/chat/completions",
