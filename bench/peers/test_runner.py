@@ -7,7 +7,7 @@ A Python unittest rather than a Rust test in tests/: everything it drives (the r
 client, the contenders, the report) is Python, and `scripts/test` runs this folder's tests with
 `python3 -m unittest discover -s bench/peers`. Bounds are loose for a busy 2-core CI box: the
 assertions are about correctness (no request lost, every record complete, round-robin uses
-every replica, affinity keeps each prompt group on one replica, the engines' counters move),
+every replica, affinity keeps most of each prompt group at home, the engines' counters move),
 not speed; the whole test is bounded by a few seconds of arrivals and the runner's timeouts.
 Needs `cargo build --release -p cohort-batcher`, scripts/build-wasm and Envoy (scripts/setup).
 """
@@ -81,8 +81,16 @@ class RunnerSmoke(unittest.TestCase):
         # The ring comes from the replicas' per-run free ports, so which hot groups share a
         # home (and spill) varies: 23-30 of 31 at home in five runs on 2026-12-05. Round-robin
         # puts about 2 of 5 of a group on its most common replica.
+        # A spilled request may pass its home's ring successor too when that one is also over
+        # the bound (CI on 2026-12-06: one group of 6 on three replicas, 3/2/1), so the test
+        # asserts the share at home, and against round-robin's on the same requests, rather
+        # than a count of replicas per group.
         self.assertGreaterEqual(at_home, 2 / 3 * total, dict(by_group))
-        self.assertTrue(all(len(c) <= 2 for c in by_group.values()), dict(by_group))
+        rr_by_group = collections.defaultdict(collections.Counter)
+        for r in runs["envoy-rr"]["records"]:
+            rr_by_group[r["group"]][r["replica"]] += 1
+        rr_at_home = sum(c.most_common(1)[0][1] for c in rr_by_group.values())
+        self.assertGreater(at_home, rr_at_home, (dict(by_group), dict(rr_by_group)))
         report.write(list(runs.values()), self.out)
         for name in ("results.json", "table.md"):
             self.assertTrue(os.path.exists(os.path.join(self.out, name)), name)
