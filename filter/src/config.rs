@@ -20,6 +20,7 @@
 //!   "headers": { "key": "x-cohort-key", "...": "..." },
 //!   "rollout": { "share": 1.0, "key_header": "x-cohort-session" },
 //!   "knobs": { "global": {}, "routes": [], "tenants": {} },
+//!   "learned_cohorts": { "capacity": 128 },
 //!   "breaker": { "enabled": true, "window_s": 10, "max_error_rate": 0.005, "...": "..." }
 //! }
 //! ```
@@ -102,6 +103,26 @@ pub struct FilterConfig {
     /// Operator defaults and bounds of the client knobs, per route and per tenant
     /// ([`cohort_fingerprint::knobs::policy`]).
     pub knobs: KnobPolicy,
+    /// Learned cohorts ([`cohort_fingerprint::learned`]): when set, bare prompts are grouped
+    /// by a leader clustering of the traffic this Envoy sees, kept in its shared data,
+    /// instead of by the codebook's cells alone. Unset (the default): codebook ids.
+    pub learned_cohorts: Option<LearnedCohortsConfig>,
+}
+
+/// The `learned_cohorts` section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LearnedCohortsConfig {
+    /// Leaders the table holds over all tenants (1 to 4,096; 74 bytes each).
+    pub capacity: usize,
+}
+
+impl Default for LearnedCohortsConfig {
+    fn default() -> Self {
+        LearnedCohortsConfig {
+            capacity: cohort_fingerprint::learned::DEFAULT_CAPACITY,
+        }
+    }
 }
 
 impl Default for FilterConfig {
@@ -129,6 +150,7 @@ impl Default for FilterConfig {
             rollout: Rollout::default(),
             breaker: BreakerConfig::default(),
             knobs: KnobPolicy::default(),
+            learned_cohorts: None,
         }
     }
 }
@@ -230,6 +252,14 @@ impl FilterConfig {
         }
         self.headers.validate(&self.tenant_header)?;
         self.knobs.validate()?;
+        if let Some(learned) = &self.learned_cohorts {
+            range(
+                "learned_cohorts.capacity",
+                learned.capacity as u64,
+                1,
+                cohort_fingerprint::learned::MAX_CAPACITY as u64,
+            )?;
+        }
         self.validate_rollout()
     }
 
@@ -366,6 +396,17 @@ mod tests {
         assert!(err(r#"{"breaker":{"window_s":0}}"#).contains("breaker.window_s"));
         assert!(err(r#"{"breaker":{"probe_share":0}}"#).contains("breaker.probe_share"));
         assert!(err(r#"{"breaker":{"max_error_rate":2}}"#).contains("max_error_rate"));
+        assert!(err(r#"{"learned_cohorts":{"capacity":0}}"#).contains("learned_cohorts.capacity"));
+        assert!(err(r#"{"learned_cohorts":{"size":8}}"#).contains("unknown field"));
+    }
+
+    #[test]
+    fn learned_cohorts_are_off_unless_configured() {
+        assert_eq!(FilterConfig::default().learned_cohorts, None);
+        let on = FilterConfig::parse(br#"{"learned_cohorts":{}}"#).unwrap();
+        assert_eq!(on.learned_cohorts.unwrap().capacity, 128);
+        let sized = FilterConfig::parse(br#"{"learned_cohorts":{"capacity":16}}"#).unwrap();
+        assert_eq!(sized.learned_cohorts.unwrap().capacity, 16);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::config::FilterConfig;
 use crate::rollout::{self, BUCKETS, REQUEST_ID};
 use cohort_fingerprint::knobs::policy::RouteOf;
 use cohort_fingerprint::knobs::{ParsedKnobs, RawKnobs};
+use cohort_fingerprint::learned::{self, LearnedCohorts, Placement};
 use cohort_fingerprint::{
     fingerprint_with, Fingerprint, IntentSketch, Request, SemanticMode, TenantSalt, SKETCH_VERSION,
 };
@@ -243,39 +244,85 @@ pub struct Routing {
     pub headers: Vec<(String, String)>,
     pub cluster: String,
     pub fingerprint: Fingerprint,
+    /// Where learned cohorts placed the request (`learned_cohorts` configured, and the
+    /// request had intent words).
+    pub learned: Option<Placement>,
 }
 
-/// Fingerprints the whole body and derives the routing headers.
+/// Where the learned cohorts' table lives ([`cohort_fingerprint::learned`]): Envoy's shared
+/// data in the filter, memory in tests.
+pub trait LearnedTable {
+    /// Runs `place` on the current table and keeps the table it leaves when the placement
+    /// says it changed. The placement, or None when the table could not be read.
+    fn update(
+        &mut self,
+        place: &mut dyn FnMut(&mut LearnedCohorts) -> Option<Placement>,
+    ) -> Option<Placement>;
+}
+
+impl LearnedTable for LearnedCohorts {
+    fn update(
+        &mut self,
+        place: &mut dyn FnMut(&mut LearnedCohorts) -> Option<Placement>,
+    ) -> Option<Placement> {
+        place(self)
+    }
+}
+
+/// Fingerprints the whole body and derives the routing headers (learned cohorts, if
+/// configured, from a table of this request alone).
 pub fn route_body(
     config: &FilterConfig,
     plan: &RequestPlan,
     body: &[u8],
 ) -> Result<Routing, BypassReason> {
-    route_body_with(config, plan, body, IntentSketch::of_text)
+    route_body_with(
+        config,
+        plan,
+        body,
+        IntentSketch::of_text,
+        &mut LearnedCohorts::default(),
+    )
 }
 
 /// [`route_body`] with the intent step supplied by the caller (see
-/// [`cohort_fingerprint::fingerprint_with`]): the filter times it.
+/// [`cohort_fingerprint::fingerprint_with`]): the filter times it; and with the table of
+/// learned cohorts the filter keeps (used only when `learned_cohorts` is configured).
 pub fn route_body_with(
     config: &FilterConfig,
     plan: &RequestPlan,
     body: &[u8],
     intent_sketch: impl FnOnce(&str, SemanticMode) -> IntentSketch,
+    learned_table: &mut dyn LearnedTable,
 ) -> Result<Routing, BypassReason> {
+    let salt = TenantSalt::new(config.salt_secret.as_bytes(), plan.tenant.as_deref());
+    let threshold = plan.knobs.knobs.batch_threshold;
     let request = Request {
         body,
         path: Some(&plan.path),
         original_query: plan.original_query.as_deref(),
         app_routing_key: plan.app_routing_key.as_deref(),
-        salt: TenantSalt::new(config.salt_secret.as_bytes(), plan.tenant.as_deref()),
+        salt,
         semantic_mode: plan.knobs.knobs.semantic_mode,
         max_body_bytes: config.body_limit_bytes,
         // The block chain only travels to a batcher (shard choice, Observe, Assign); with
         // none configured, the conversation is neither written out nor hashed.
         block_hashes: !config.batcher_clusters.is_empty(),
-        batch_threshold: plan.knobs.knobs.batch_threshold,
+        batch_threshold: threshold,
     };
-    let fp = fingerprint_with(&request, intent_sketch).map_err(|e| e.bypass_reason())?;
+    let mut fp = fingerprint_with(&request, intent_sketch).map_err(|e| e.bypass_reason())?;
+    let learned = config.learned_cohorts.and_then(|learned| {
+        let scope = learned::scope(salt, &fp.intent);
+        let intent = &fp.intent;
+        learned_table.update(&mut |table| {
+            table.place(scope, &intent.sketch, threshold, learned.capacity, || {
+                intent.cohort(threshold)
+            })
+        })
+    });
+    if let Some(placed) = learned {
+        fp.regroup(placed.code, salt, plan.app_routing_key.as_deref());
+    }
     let names = &config.headers;
     let cluster = format!("{:08x}", fp.cohort);
     Ok(Routing {
@@ -288,6 +335,7 @@ pub fn route_body_with(
         ],
         cluster,
         fingerprint: fp,
+        learned,
     })
 }
 
@@ -563,5 +611,77 @@ mod tests {
         assert_eq!(a.fingerprint.intent, b.fingerprint.intent, "same sketch");
         assert_ne!(a.cluster, b.cluster);
         assert_eq!(routing(Some("spiffe://a")).cluster, a.cluster);
+    }
+
+    #[test]
+    fn learned_cohorts_key_paraphrases_alike_where_the_codebook_splits_them() {
+        // Cosines measured with `cohort fingerprint`: 0.68 and 0.83 to the first, in three
+        // different codebook cells at the default threshold.
+        let texts = [
+            "where is my new card",
+            "my card has not arrived yet",
+            "when will my card get here",
+        ];
+        let body = |text: &str, system: Option<&str>| {
+            let mut messages = vec![];
+            if let Some(system) = system {
+                messages.push(serde_json::json!({"role": "system", "content": system}));
+            }
+            messages.push(serde_json::json!({"role": "user", "content": text}));
+            serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages})).unwrap()
+        };
+        let route = |config: &FilterConfig, table: &mut LearnedCohorts, text: &str, system| {
+            let plan = plan(inspect_headers(config, &headers(&[]), None));
+            route_body_with(
+                config,
+                &plan,
+                &body(text, system),
+                IntentSketch::of_text,
+                table,
+            )
+            .unwrap()
+        };
+        let codebook = FilterConfig::default();
+        let learned = FilterConfig {
+            learned_cohorts: Some(Default::default()),
+            ..FilterConfig::default()
+        };
+        let mut table = LearnedCohorts::default();
+        let by_codebook: Vec<Routing> = texts
+            .iter()
+            .map(|t| route(&codebook, &mut table, t, None))
+            .collect();
+        assert!(table.is_empty(), "the table is used only when configured");
+        assert!(by_codebook.iter().all(|r| r.learned.is_none()));
+        assert_ne!(by_codebook[0].headers[0], by_codebook[1].headers[0]);
+        assert_ne!(by_codebook[0].headers[0], by_codebook[2].headers[0]);
+
+        let by_learned: Vec<Routing> = texts
+            .iter()
+            .map(|t| route(&learned, &mut table, t, None))
+            .collect();
+        assert!(by_learned[0].learned.unwrap().started);
+        for r in &by_learned[1..] {
+            assert!(!r.learned.unwrap().started);
+            assert_eq!(r.headers[0], by_learned[0].headers[0], "one routing key");
+            assert_eq!(r.cluster, by_learned[0].cluster, "one cohort id");
+        }
+        // The leader's code is its first member's codebook code: same key as without.
+        assert_eq!(by_learned[0].headers, by_codebook[0].headers);
+        // Another intent starts a cohort of its own.
+        let other = route(
+            &learned,
+            &mut table,
+            "translate this sentence into french",
+            None,
+        );
+        assert!(other.learned.unwrap().started);
+        assert_ne!(other.headers[0], by_learned[0].headers[0]);
+        // A system prompt still anchors the key; the cohort id is the learned one.
+        let system = Some("You are the bank's support assistant.");
+        let anchored = route(&learned, &mut table, texts[1], system);
+        let plain = route(&codebook, &mut LearnedCohorts::default(), texts[1], system);
+        assert_eq!(anchored.headers[0], plain.headers[0]);
+        assert_eq!(anchored.cluster, by_learned[0].cluster);
     }
 }

@@ -17,6 +17,7 @@ use crate::batcher;
 use crate::breaker::{self, Group};
 use crate::config::{FilterConfig, Mode};
 use crate::decision::{self, reason, Admission, HeadersVerdict, RequestPlan, Routing};
+use crate::learned_table::SharedTable;
 use crate::root::{unix_ms, Shared};
 use cohort_fingerprint::{IntentSketch, CODEBOOK_VERSION, SKETCH_VERSION};
 use cohort_proto as pb;
@@ -242,15 +243,23 @@ impl CohortHttp {
         let timed = shared.stats.is_some() && shared.histogram_sampler.take();
         let mut sketch_us = 0;
         let started = timed.then(|| self.get_current_time());
-        let routed = decision::route_body_with(config, &plan, &body, |text, mode| {
-            if !timed {
-                return IntentSketch::of_text(text, mode);
-            }
-            let sketch_started = self.get_current_time();
-            let intent = IntentSketch::of_text(text, mode);
-            sketch_us = self.elapsed_us(sketch_started);
-            intent
-        });
+        let routed = decision::route_body_with(
+            config,
+            &plan,
+            &body,
+            |text, mode| {
+                if !timed {
+                    return IntentSketch::of_text(text, mode);
+                }
+                let sketch_started = self.get_current_time();
+                let intent = IntentSketch::of_text(text, mode);
+                sketch_us = self.elapsed_us(sketch_started);
+                intent
+            },
+            &mut SharedTable {
+                key: &shared.learned_key,
+            },
+        );
         let fingerprint_us = started.map(|started| self.elapsed_us(started));
         let routing = match routed {
             Ok(routing) => routing,
@@ -262,6 +271,13 @@ impl CohortHttp {
         self.write_headers(&routing.headers);
         if let Some(stats) = &shared.stats {
             stats.inc(stats.fingerprinted);
+            if let Some(placed) = routing.learned {
+                stats.inc(if placed.started {
+                    stats.learned_started
+                } else {
+                    stats.learned_joined
+                });
+            }
             if let Some(fingerprint_us) = fingerprint_us {
                 stats.record(stats.fingerprint_us, fingerprint_us);
                 stats.record(stats.sketch_us, sketch_us);

@@ -12,7 +12,8 @@
 //! - `stats`: the Envoy counters and histograms (`cohort_*`);
 //! - `root`: per-VM setup (configuration, stats), the `Observe` streams, and folding this
 //!   worker's outcomes into the breaker all workers share;
-//! - `http`: per-request glue between Envoy's callbacks and [`decision`], and `Assign`.
+//! - `http`: per-request glue between Envoy's callbacks and [`decision`], and `Assign`;
+//! - `learned_table`: the learned cohorts' table in Envoy's shared data.
 //!
 //! The proxy-wasm glue is compiled for wasm32 only; the pure modules build everywhere.
 
@@ -24,6 +25,8 @@ pub mod rollout;
 
 #[cfg(target_arch = "wasm32")]
 mod http;
+#[cfg(target_arch = "wasm32")]
+mod learned_table;
 #[cfg(target_arch = "wasm32")]
 mod root;
 #[cfg(target_arch = "wasm32")]

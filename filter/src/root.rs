@@ -60,6 +60,8 @@ pub struct Shared {
     /// Observations waiting for the root context to send them, per batcher shard.
     pub outbox: RefCell<Outbox>,
     pub breaker: RefCell<BreakerLocal>,
+    /// The shared-data key of the learned cohorts' table (one per plugin).
+    pub learned_key: String,
 }
 
 /// Milliseconds since the Unix epoch from the host's clock.
@@ -81,6 +83,7 @@ impl Default for CohortRoot {
                 histogram_sampler: Sampler::new(1),
                 outbox: RefCell::new(Outbox::new(0)),
                 breaker: RefCell::new(BreakerLocal::default()),
+                learned_key: String::new(),
             }),
         }
     }
@@ -280,6 +283,7 @@ impl RootContext for CohortRoot {
             histogram_sampler: Sampler::new(sample_every),
             outbox: RefCell::new(Outbox::new(shards)),
             breaker: RefCell::new(breaker),
+            learned_key: format!("cohort.learned.{plugin}"),
         });
         // Returning true even for an invalid configuration keeps the listener serving.
         true

@@ -15,6 +15,8 @@
 //! | `cohort_fingerprint_us` | histogram | time to fingerprint a body, µs (sampled) |
 //! | `cohort_sketch_us` | histogram | of which the intent sketch (normalise, mask, sketch the intent text), µs (sampled) |
 //! | `cohort_body_bytes` | histogram | fingerprinted body size, bytes (sampled) |
+//! | `cohort_learned_started_total` | counter | requests that started a learned cohort (`learned_cohorts` configured) |
+//! | `cohort_learned_joined_total` | counter | requests that joined a learned cohort |
 //! | `cohort_assign_ok_total` | counter | Assign calls answered: the request went where the batcher said |
 //! | `cohort_assign_timeout_total` | counter | Assign calls past the deadline (routed by key instead) |
 //! | `cohort_assign_error_total` | counter | Assign calls that failed otherwise, or an unusable reply (routed by key) |
@@ -74,6 +76,8 @@ pub struct Stats {
     pub fingerprint_us: u32,
     pub sketch_us: u32,
     pub body_bytes: u32,
+    pub learned_started: u32,
+    pub learned_joined: u32,
     pub assign_ok: u32,
     pub assign_timeout: u32,
     pub assign_error: u32,
@@ -123,6 +127,8 @@ impl Stats {
             fingerprint_us: histogram("cohort_fingerprint_us")?,
             sketch_us: histogram("cohort_sketch_us")?,
             body_bytes: histogram("cohort_body_bytes")?,
+            learned_started: counter("cohort_learned_started_total")?,
+            learned_joined: counter("cohort_learned_joined_total")?,
             assign_ok: counter("cohort_assign_ok_total")?,
             assign_timeout: counter("cohort_assign_timeout_total")?,
             assign_error: counter("cohort_assign_error_total")?,

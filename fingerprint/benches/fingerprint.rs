@@ -85,6 +85,38 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
+
+    // Learned cohorts as the filter runs them per request: take a full table of the
+    // default capacity as the bytes shared data hands over, place one sketch (the copy of
+    // the bytes is outside the timing: Envoy makes it).
+    let mut group = c.benchmark_group("learned");
+    let salt = cohort_fingerprint::TenantSalt::default();
+    let mut table = cohort_fingerprint::learned::LearnedCohorts::default();
+    // Every leader in the request's scope (the worst case: one tenant fills the table),
+    // from pseudo-random directions; a threshold of 1 makes each its own leader.
+    let scope = cohort_fingerprint::learned::scope(salt, &intent);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for i in 0..cohort_fingerprint::learned::DEFAULT_CAPACITY {
+        let sketch = cohort_fingerprint::Sketch(std::array::from_fn(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            (state >> 56) as i8
+        }));
+        table.place(scope, &sketch, 1.0, 128, || i as u32);
+    }
+    let bytes = table.as_bytes().to_vec();
+    group.bench_function(format!("place_among_{}_leaders", table.len()), |b| {
+        b.iter_batched(
+            || bytes.clone(),
+            |bytes| {
+                let mut table = cohort_fingerprint::learned::LearnedCohorts::from_bytes(bytes);
+                table.place(scope, &intent.sketch, 0.5, 128, || 0)
+            },
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    group.finish();
 }
 
 /// About 1 KB of user prompt: prose and questions with a few variables.

@@ -13,7 +13,8 @@
 //! 4. [`key`] derives the routing key from the tenant salt, the anchor (stable prefix or
 //!    cohort) and the app's key.
 //!
-//! [`knobs`] parses the client's header knobs. [`record`] is the JSONL line format of
+//! [`learned`] cohorts group a tenant's bare prompts by the traffic seen, where the
+//! filter keeps a table of them. [`knobs`] parses the client's header knobs. [`record`] is the JSONL line format of
 //! `cohort fingerprint` and of the wasm build.
 //!
 //! No I/O, no global state, no panics on any input: failures are [`FingerprintError`]s.
@@ -28,6 +29,7 @@ pub mod headers;
 pub mod json;
 pub mod key;
 pub mod knobs;
+pub mod learned;
 pub mod mask;
 pub mod normalize;
 pub mod prefix;
@@ -193,6 +195,20 @@ pub struct Fingerprint {
     /// The cohort id (`x-cohort-cluster`): the cohort code ([`IntentSketch::cohort`])
     /// salted per tenant ([`TenantSalt::cohort`]).
     pub cohort: u32,
+}
+
+impl Fingerprint {
+    /// Takes a cohort code chosen after fingerprinting ([`learned`] cohorts): the cohort id
+    /// becomes the tenant's id of `code`, and a request without a system prompt or tools is
+    /// anchored on it, as on its codebook code before. `salt` and `app_routing_key` must be
+    /// the request's ([`Request`]).
+    pub fn regroup(&mut self, code: u32, salt: TenantSalt, app_routing_key: Option<&str>) {
+        self.cohort = salt.cohort(code);
+        if let Anchor::Cohort(_) = self.anchor {
+            self.anchor = Anchor::Cohort(code);
+            self.routing_key = RoutingKey::new(salt, self.anchor, app_routing_key);
+        }
+    }
 }
 
 /// Fingerprints one request.

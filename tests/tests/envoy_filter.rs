@@ -387,6 +387,95 @@ fn banking77(intents: usize, per_intent: usize) -> Vec<String> {
         .collect()
 }
 
+/// Banking77 prompts as traffic would bring them: the first `per_intent` of each of the
+/// first `intents` intents, the intents interleaved; with the intent's index.
+fn banking77_interleaved(intents: usize, per_intent: usize) -> Vec<(usize, String)> {
+    let prompts = banking77(intents, per_intent);
+    let mut out = Vec::new();
+    for k in 0..per_intent {
+        for intent in 0..intents {
+            out.push((intent, prompts[intent * per_intent + k].clone()));
+        }
+    }
+    out
+}
+
+#[test]
+fn learned_cohorts_put_each_intent_on_one_replica() {
+    // Issue 20's test: through Envoy in affinity mode, with no system prompt, 20 paraphrases
+    // of each of 5 intents. With `learned_cohorts` the filter's leader clustering
+    // (fingerprint/src/learned.rs, in Envoy's shared data) keys them; without it, the
+    // codebook's cells do, and they cut through the intents (docs/SKETCH.md).
+    let ups = upstreams(4);
+    let ups: Vec<&Upstream> = ups.iter().collect();
+    let prompts = banking77_interleaved(5, 20);
+    // The least share, over the intents, of an intent in its largest cohort (from the
+    // response's `x-cohort` header) and on its most used replica.
+    let run = |plugin: &str, headers: &[(&str, &str)]| -> (f64, f64, usize, Envoy) {
+        let envoy = affinity(&ups, plugin);
+        let mut ids = BTreeSet::new();
+        let mut cohorts: BTreeMap<usize, BTreeMap<String, usize>> = BTreeMap::new();
+        let mut replicas: BTreeMap<usize, BTreeMap<String, usize>> = BTreeMap::new();
+        for (intent, text) in &prompts {
+            let response = post_json(envoy.listen_port, CHAT, headers, &chat(None, text));
+            assert_eq!(response.status, 200);
+            let summary = response.header("x-cohort").expect("routed by Cohort");
+            let cluster = summary
+                .split("cluster=")
+                .nth(1)
+                .and_then(|rest| rest.split(';').next())
+                .expect("a cohort id")
+                .to_owned();
+            ids.insert(cluster.clone());
+            *cohorts
+                .entry(*intent)
+                .or_default()
+                .entry(cluster)
+                .or_default() += 1;
+            *replicas
+                .entry(*intent)
+                .or_default()
+                .entry(upstream_of(&response))
+                .or_default() += 1;
+        }
+        println!("{plugin}: replicas per intent {replicas:?}");
+        let least = |counts: &BTreeMap<usize, BTreeMap<String, usize>>| {
+            counts
+                .values()
+                .map(|c| *c.values().max().unwrap() as f64 / 20.0)
+                .fold(1.0, f64::min)
+        };
+        (least(&cohorts), least(&replicas), ids.len(), envoy)
+    };
+    let learned_on = r#"{"learned_cohorts": {}}"#;
+    let (codebook_cohort, codebook_replica, _, _) = run("{}", &[]);
+    let (learned_cohort, learned_replica, cohorts, envoy) = run(learned_on, &[]);
+    println!(
+        "least share of an intent in one cohort / on one replica: \
+         codebook {codebook_cohort:.2} / {codebook_replica:.2}, learned {learned_cohort:.2} / {learned_replica:.2}"
+    );
+    // Which replica a cohort's key lands on depends on the ring the free ports make, so
+    // the comparison with the codebook is by cohort; the goal is by replica.
+    assert!(
+        learned_replica >= 0.8,
+        "every intent ≥ 80% on one replica: {learned_replica:.2}"
+    );
+    assert!(learned_cohort >= 0.8, "{learned_cohort:.2}");
+    assert!(
+        codebook_cohort < learned_cohort,
+        "the codebook splits more: {codebook_cohort:.2}"
+    );
+    // The batch threshold is the join's similarity bound: higher, more and purer cohorts.
+    let (_, _, coarse, _) = run(learned_on, &[("x-cohort-batch-threshold", "0.3")]);
+    let (_, _, fine, _) = run(learned_on, &[("x-cohort-batch-threshold", "0.7")]);
+    println!("learned cohorts at threshold 0.3 / 0.5 / 0.7: {coarse} / {cohorts} / {fine}");
+    assert!(coarse < cohorts && cohorts < fine);
+    let started = envoy.stat("wasmcustom.cohort_learned_started_total");
+    let joined = envoy.stat("wasmcustom.cohort_learned_joined_total");
+    assert_eq!(started + joined, 100);
+    assert!((5..=10).contains(&started), "{started} cohorts started");
+}
+
 #[test]
 fn the_batch_threshold_picks_the_codebook_level_of_bare_prompts() {
     // Cohort ids are the nearest centroids of the shipped codebook, coarse to fine by
