@@ -5,6 +5,7 @@
 //!   decides which bare prompts share a batch: two paraphrases in one coarse cell are
 //!   leader and follower at 0.1, and two leaders at 0.9 (the front joins them on the key
 //!   alone with `min_shared = 0`: bare prompts share no prefix blocks);
+//! - with the filter's learned cohorts, paraphrases the codebook splits share a batch;
 //! - the filter writes the prefetch level its knob policy allowed for the front.
 //!
 //! Needs `scripts/setup` (Envoy), `scripts/build-wasm` (the filter) and the `cohort`
@@ -145,6 +146,27 @@ fn the_batch_threshold_decides_which_bare_prompts_share_a_batch() {
         fine,
         ("leader".to_owned(), "leader".to_owned()),
         "two cohorts at 0.9"
+    );
+}
+
+#[test]
+fn learned_cohorts_decide_which_bare_prompts_share_a_batch() {
+    // Two paraphrases in different codebook cells at the default threshold (cosine 0.68):
+    // two leaders by the codebook; with the filter's learned cohorts the second joins the
+    // first's cohort, so its key, and it follows.
+    let _serial = one_at_a_time();
+    let (a, b) = ("where is my new card", "my card has not arrived yet");
+    assert_ne!(key(a, 0.5), key(b, 0.5), "different codebook cells");
+    let codebook = stack("");
+    assert_eq!(
+        roles(&codebook, a, b, &[]),
+        ("leader".to_owned(), "leader".to_owned())
+    );
+    drop(codebook);
+    let learned = stack(r#", "learned_cohorts": {}"#);
+    assert_eq!(
+        roles(&learned, a, b, &[]),
+        ("leader".to_owned(), "follower".to_owned())
     );
 }
 
