@@ -20,7 +20,7 @@
 //!   "headers": { "key": "x-cohort-key", "...": "..." },
 //!   "rollout": { "share": 1.0, "key_header": "x-cohort-session" },
 //!   "knobs": { "global": {}, "routes": [], "tenants": {} },
-//!   "learned_cohorts": { "capacity": 128 },
+//!   "learned_cohorts": { "capacity": 128, "per_tenant": 32 },
 //!   "breaker": { "enabled": true, "window_s": 10, "max_error_rate": 0.005, "...": "..." }
 //! }
 //! ```
@@ -113,14 +113,28 @@ pub struct FilterConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LearnedCohortsConfig {
-    /// Leaders the table holds over all tenants (1 to 4,096; 74 bytes each).
+    /// Leaders the table holds over all tenants (1 to 4,096; 52 bytes each).
     pub capacity: usize,
+    /// Leaders of one tenant (and semantic mode, anchors and threshold), 1 to `capacity`:
+    /// a tenant whose prompts rarely meet evicts only its own.
+    pub per_tenant: usize,
+}
+
+impl LearnedCohortsConfig {
+    /// The core's capacity.
+    pub fn capacity(&self) -> cohort_fingerprint::learned::Capacity {
+        cohort_fingerprint::learned::Capacity {
+            total: self.capacity,
+            per_scope: self.per_tenant,
+        }
+    }
 }
 
 impl Default for LearnedCohortsConfig {
     fn default() -> Self {
         LearnedCohortsConfig {
             capacity: cohort_fingerprint::learned::DEFAULT_CAPACITY,
+            per_tenant: cohort_fingerprint::learned::DEFAULT_PER_SCOPE,
         }
     }
 }
@@ -258,6 +272,12 @@ impl FilterConfig {
                 learned.capacity as u64,
                 1,
                 cohort_fingerprint::learned::MAX_CAPACITY as u64,
+            )?;
+            range(
+                "learned_cohorts.per_tenant",
+                learned.per_tenant as u64,
+                1,
+                learned.capacity as u64,
             )?;
         }
         self.validate_rollout()
@@ -398,6 +418,10 @@ mod tests {
         assert!(err(r#"{"breaker":{"max_error_rate":2}}"#).contains("max_error_rate"));
         assert!(err(r#"{"learned_cohorts":{"capacity":0}}"#).contains("learned_cohorts.capacity"));
         assert!(err(r#"{"learned_cohorts":{"size":8}}"#).contains("unknown field"));
+        assert!(
+            err(r#"{"learned_cohorts":{"capacity":16,"per_tenant":17}}"#)
+                .contains("learned_cohorts.per_tenant")
+        );
     }
 
     #[test]
@@ -405,8 +429,9 @@ mod tests {
         assert_eq!(FilterConfig::default().learned_cohorts, None);
         let on = FilterConfig::parse(br#"{"learned_cohorts":{}}"#).unwrap();
         assert_eq!(on.learned_cohorts.unwrap().capacity, 128);
-        let sized = FilterConfig::parse(br#"{"learned_cohorts":{"capacity":16}}"#).unwrap();
-        assert_eq!(sized.learned_cohorts.unwrap().capacity, 16);
+        let sized = FilterConfig::parse(br#"{"learned_cohorts":{"capacity":16,"per_tenant":4}}"#);
+        let sized = sized.unwrap().learned_cohorts.unwrap().capacity();
+        assert_eq!((sized.total, sized.per_scope), (16, 4));
     }
 
     #[test]

@@ -253,7 +253,9 @@ pub struct Routing {
 /// data in the filter, memory in tests.
 pub trait LearnedTable {
     /// Runs `place` on the current table and keeps the table it leaves when the placement
-    /// says it changed. The placement, or None when the table could not be read.
+    /// says it changed. The placement, or None when the table could not be read; its
+    /// `changed` is false when the change could not be kept (the request still takes the
+    /// code it was placed with).
     fn update(
         &mut self,
         place: &mut dyn FnMut(&mut LearnedCohorts) -> Option<Placement>,
@@ -311,15 +313,20 @@ pub fn route_body_with(
         batch_threshold: threshold,
     };
     let mut fp = fingerprint_with(&request, intent_sketch).map_err(|e| e.bypass_reason())?;
-    let learned = config.learned_cohorts.and_then(|learned| {
-        let scope = learned::scope(salt, &fp.intent);
-        let intent = &fp.intent;
-        learned_table.update(&mut |table| {
-            table.place(scope, &intent.sketch, threshold, learned.capacity, || {
-                intent.cohort(threshold)
+    // Only bare prompts: a system prompt or tools anchor the key, and such requests would
+    // take room in the table for an id nothing routes on.
+    let learned = config
+        .learned_cohorts
+        .filter(|_| !fp.has_stable_context)
+        .and_then(|learned| {
+            let scope = learned::scope(salt, &fp.intent, threshold);
+            let intent = &fp.intent;
+            learned_table.update(&mut |table| {
+                table.place(scope, &intent.sketch, threshold, learned.capacity(), || {
+                    intent.cohort(threshold)
+                })
             })
-        })
-    });
+        });
     if let Some(placed) = learned {
         fp.regroup(placed.code, salt, plan.app_routing_key.as_deref());
     }
@@ -677,11 +684,13 @@ mod tests {
         );
         assert!(other.learned.unwrap().started);
         assert_ne!(other.headers[0], by_learned[0].headers[0]);
-        // A system prompt still anchors the key; the cohort id is the learned one.
+        // A request with a system prompt is keyed by it and left out of the table.
         let system = Some("You are the bank's support assistant.");
+        let before = table.clone();
         let anchored = route(&learned, &mut table, texts[1], system);
         let plain = route(&codebook, &mut LearnedCohorts::default(), texts[1], system);
-        assert_eq!(anchored.headers[0], plain.headers[0]);
-        assert_eq!(anchored.cluster, by_learned[0].cluster);
+        assert_eq!(anchored.headers, plain.headers);
+        assert!(anchored.learned.is_none());
+        assert_eq!(table, before);
     }
 }

@@ -271,12 +271,12 @@ impl CohortHttp {
         self.write_headers(&routing.headers);
         if let Some(stats) = &shared.stats {
             stats.inc(stats.fingerprinted);
-            if let Some(placed) = routing.learned {
-                stats.inc(if placed.started {
-                    stats.learned_started
-                } else {
-                    stats.learned_joined
-                });
+            match routing.learned {
+                Some(placed) if placed.started && placed.changed => {
+                    stats.inc(stats.learned_started)
+                }
+                Some(placed) if !placed.started => stats.inc(stats.learned_joined),
+                _ => {}
             }
             if let Some(fingerprint_us) = fingerprint_us {
                 stats.record(stats.fingerprint_us, fingerprint_us);

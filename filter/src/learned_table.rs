@@ -4,8 +4,13 @@
 //! members. A frozen leader is only read, so on steady traffic writes are rare.
 //!
 //! A write that loses [`CAS_TRIES`] races in a row is dropped: the request keeps the code
-//! it was placed with, and the next request of its intent places itself again. A table the
-//! host cannot read leaves the request with its codebook id.
+//! it was placed with (reported as not `changed`, so the stats count only kept starts), and
+//! the next request of its intent places itself again. A table the host cannot read leaves
+//! the request with its codebook id.
+//!
+//! The host compares versions only for a key that exists, so the root context creates the
+//! table, empty, when it is configured ([`create`]); two workers' first writes then cannot
+//! overwrite each other.
 
 use crate::decision::LearnedTable;
 use cohort_fingerprint::learned::{LearnedCohorts, Placement};
@@ -39,9 +44,19 @@ impl LearnedTable for SharedTable<'_> {
             match hostcalls::set_shared_data(self.key, Some(table.as_bytes()), cas) {
                 Ok(()) => return placed,
                 Err(Status::CasMismatch) => continue,
-                Err(_) => return placed,
+                Err(_) => break,
             }
         }
-        placed
+        placed.map(|p| Placement {
+            changed: false,
+            ..p
+        })
+    }
+}
+
+/// Creates the table under `key`, empty, unless it exists (a reload keeps what was learnt).
+pub fn create(key: &str) {
+    if let Ok((None, _)) = hostcalls::get_shared_data(key) {
+        let _ = hostcalls::set_shared_data(key, Some(LearnedCohorts::default().as_bytes()), None);
     }
 }

@@ -276,6 +276,10 @@ impl RootContext for CohortRoot {
             key: format!("cohort.breaker.{plugin}"),
             ..BreakerLocal::default()
         };
+        let learned_key = format!("cohort.learned.{plugin}");
+        if config.as_ref().is_ok_and(|c| c.learned_cohorts.is_some()) {
+            crate::learned_table::create(&learned_key);
+        }
         let sample_every = config.as_ref().map_or(1, |c| c.histogram_sample_every);
         self.shared = Rc::new(Shared {
             config,
@@ -283,7 +287,7 @@ impl RootContext for CohortRoot {
             histogram_sampler: Sampler::new(sample_every),
             outbox: RefCell::new(Outbox::new(shards)),
             breaker: RefCell::new(breaker),
-            learned_key: format!("cohort.learned.{plugin}"),
+            learned_key,
         });
         // Returning true even for an invalid configuration keeps the listener serving.
         true

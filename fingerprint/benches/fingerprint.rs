@@ -94,7 +94,11 @@ fn bench(c: &mut Criterion) {
     let mut table = cohort_fingerprint::learned::LearnedCohorts::default();
     // Every leader in the request's scope (the worst case: one tenant fills the table),
     // from pseudo-random directions; a threshold of 1 makes each its own leader.
-    let scope = cohort_fingerprint::learned::scope(salt, &intent);
+    let scope = cohort_fingerprint::learned::scope(salt, &intent, 0.5);
+    let full = cohort_fingerprint::learned::Capacity {
+        total: cohort_fingerprint::learned::DEFAULT_CAPACITY,
+        per_scope: cohort_fingerprint::learned::DEFAULT_CAPACITY,
+    };
     let mut state = 0x2545_f491_4f6c_dd1du64;
     for i in 0..cohort_fingerprint::learned::DEFAULT_CAPACITY {
         let sketch = cohort_fingerprint::Sketch(std::array::from_fn(|_| {
@@ -103,7 +107,7 @@ fn bench(c: &mut Criterion) {
                 .wrapping_add(1);
             (state >> 56) as i8
         }));
-        table.place(scope, &sketch, 1.0, 128, || i as u32);
+        table.place(scope, &sketch, 1.0, full, || i as u32);
     }
     let bytes = table.as_bytes().to_vec();
     group.bench_function(format!("place_among_{}_leaders", table.len()), |b| {
@@ -111,7 +115,7 @@ fn bench(c: &mut Criterion) {
             || bytes.clone(),
             |bytes| {
                 let mut table = cohort_fingerprint::learned::LearnedCohorts::from_bytes(bytes);
-                table.place(scope, &intent.sketch, 0.5, 128, || 0)
+                table.place(scope, &intent.sketch, 0.5, full, || 0)
             },
             criterion::BatchSize::SmallInput,
         )

@@ -7,9 +7,9 @@
 //! learned cohorts put at least 80% of every intent in one cohort where the codebook puts
 //! 20%. Run with `--nocapture` to see the table.
 
-use cohort_fingerprint::learned::{scope, LearnedCohorts};
+use cohort_fingerprint::learned::{scope, Capacity, LearnedCohorts};
 use cohort_fingerprint::{IntentSketch, SemanticMode, TenantSalt};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 /// The first `per` prompts of each of the first `intents` intents, interleaved, with the
@@ -37,13 +37,13 @@ fn interleaved(intents: usize, per: usize) -> Vec<(usize, String)> {
 
 /// Cohorts, and the least share of an intent in its largest cohort.
 fn least_share(placed: &[(usize, u32)], intents: usize) -> (usize, f64) {
-    let mut cohorts: HashMap<u32, ()> = HashMap::new();
+    let mut cohorts: HashSet<u32> = HashSet::new();
     let mut least = f64::MAX;
     for intent in 0..intents {
         let mut sizes: HashMap<u32, usize> = HashMap::new();
         for (_, code) in placed.iter().filter(|(i, _)| *i == intent) {
             *sizes.entry(*code).or_default() += 1;
-            cohorts.insert(*code, ());
+            cohorts.insert(*code);
         }
         let total: usize = sizes.values().sum();
         least = least.min(*sizes.values().max().unwrap() as f64 / total as f64);
@@ -60,9 +60,13 @@ fn learned(prompts: &[(usize, String)], threshold: f32) -> Vec<(usize, u32)> {
         .map(|(intent, text)| {
             let sketch = IntentSketch::of_text(text, SemanticMode::Intent);
             let placed = table
-                .place(scope(salt, &sketch), &sketch.sketch, threshold, 128, || {
-                    sketch.cohort(threshold)
-                })
+                .place(
+                    scope(salt, &sketch, threshold),
+                    &sketch.sketch,
+                    threshold,
+                    Capacity::default(),
+                    || sketch.cohort(threshold),
+                )
                 .expect("every prompt has intent words");
             (*intent, placed.code)
         })
