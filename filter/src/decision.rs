@@ -17,7 +17,8 @@ use cohort_fingerprint::knobs::policy::RouteOf;
 use cohort_fingerprint::knobs::{ParsedKnobs, RawKnobs};
 use cohort_fingerprint::learned::{self, LearnedCohorts, Placement};
 use cohort_fingerprint::{
-    fingerprint_with, Fingerprint, IntentSketch, Request, SemanticMode, TenantSalt, SKETCH_VERSION,
+    fingerprint_with, Anchor, Fingerprint, IntentSketch, Request, SemanticMode, TenantSalt,
+    SKETCH_VERSION,
 };
 
 /// Why a request passed through untouched (the `x-cohort-bypass` value).
@@ -320,11 +321,20 @@ pub fn route_body_with(
         .filter(|_| !fp.has_stable_context)
         .and_then(|learned| {
             let scope = learned::scope(salt, &fp.intent, threshold);
-            let intent = &fp.intent;
+            // A bare prompt is anchored on its codebook code: a new leader's code, already
+            // computed.
+            let own_code = match fp.anchor {
+                Anchor::Cohort(code) => code,
+                Anchor::StablePrefix(_) => fp.intent.cohort(threshold),
+            };
             learned_table.update(&mut |table| {
-                table.place(scope, &intent.sketch, threshold, learned.capacity(), || {
-                    intent.cohort(threshold)
-                })
+                table.place(
+                    scope,
+                    &fp.intent.sketch,
+                    threshold,
+                    learned.capacity(),
+                    || own_code,
+                )
             })
         });
     if let Some(placed) = learned {

@@ -29,7 +29,7 @@
 //! or takes one of its first members: on traffic of a few intents the filter soon only
 //! reads it (a tenant whose prompts rarely meet keeps starting leaders, each a write).
 //! Measured on Banking77's first five intents, 20 prompts each, interleaved
-//! (`fingerprint/tests/learned_grouping.rs`): at the default threshold (0.5) every intent
+//! (`fingerprint/tests/cohort_grouping.rs`): at the default threshold (0.5) every intent
 //! has at least 80% of its prompts in one cohort, exactly the bar; at 0.4 and 0.6
 //! the least share is 0.60 and 0.40. A prototype of the rule (docs/SKETCH.md) gave the same
 //! 0.80 with a mean over 16 or all members, and 0.55 with a fixed leader.
