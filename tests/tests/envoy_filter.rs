@@ -474,6 +474,20 @@ fn learned_cohorts_put_each_intent_on_one_replica() {
     let joined = envoy.stat("wasmcustom.cohort_learned_joined_total");
     assert_eq!(started + joined, 100);
     assert!((5..=10).contains(&started), "{started} cohorts started");
+
+    // The table's size acts: with room for two leaders of the tenant, five intents keep
+    // evicting each other's leaders, so prompts start cohorts again and intents split.
+    let (small_cohort, _, _, small) = run(
+        r#"{"learned_cohorts": {"capacity": 8, "per_tenant": 2}}"#,
+        &[],
+    );
+    let small_started = small.stat("wasmcustom.cohort_learned_started_total");
+    println!("per_tenant 2: {small_started} starts, least share in one cohort {small_cohort:.2}");
+    assert!(
+        small_started > 2 * started,
+        "{small_started} against {started}"
+    );
+    assert!(small_cohort < learned_cohort, "{small_cohort:.2}");
 }
 
 #[test]
