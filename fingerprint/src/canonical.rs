@@ -167,8 +167,9 @@ impl CanonicalPrompt {
     }
 }
 
-/// Builds a [`CanonicalPrompt`]; the API parsers drive it.
-pub(crate) struct CanonicalBuilder {
+/// Builds a [`CanonicalPrompt`]; the API parsers drive it with text borrowed from the
+/// parsed body (`'d`).
+pub(crate) struct CanonicalBuilder<'d> {
     api: Api,
     extent: Extent,
     model: String,
@@ -177,14 +178,15 @@ pub(crate) struct CanonicalBuilder {
     has_stable_context: bool,
     turns: usize,
     in_user_turn: bool,
-    /// Text of the user turn being built, and of the last finished one with text: two
-    /// buffers swapped at each user turn's end, so a long conversation allocates them once.
-    user_text: String,
-    intent: String,
+    /// The text parts of the user turn being built, and of the last finished one with
+    /// text: borrowed from the body, two lists swapped at each user turn's end, and joined
+    /// once in [`CanonicalBuilder::finish`] (a long conversation copies no turn's text).
+    user_parts: Vec<&'d str>,
+    intent_parts: Vec<&'d str>,
     has_intent: bool,
 }
 
-impl CanonicalBuilder {
+impl<'d> CanonicalBuilder<'d> {
     pub fn new(api: Api, model: &str, options: BuilderOptions) -> Self {
         let capacity = match options.extent {
             Extent::Whole => options.size_hint + 64,
@@ -199,8 +201,8 @@ impl CanonicalBuilder {
             has_stable_context: false,
             turns: 0,
             in_user_turn: false,
-            user_text: String::new(),
-            intent: String::new(),
+            user_parts: Vec::new(),
+            intent_parts: Vec::new(),
             has_intent: false,
         };
         builder.segment(tag::MODEL, model.as_bytes());
@@ -269,11 +271,12 @@ impl CanonicalBuilder {
     }
 
     fn close_turn(&mut self) {
-        if self.in_user_turn && !self.user_text.trim().is_empty() {
-            std::mem::swap(&mut self.intent, &mut self.user_text);
+        // The turn's parts joined by newlines are blank exactly when every part is.
+        if self.in_user_turn && self.user_parts.iter().any(|part| !part.trim().is_empty()) {
+            std::mem::swap(&mut self.intent_parts, &mut self.user_parts);
             self.has_intent = true;
         }
-        self.user_text.clear();
+        self.user_parts.clear();
         self.in_user_turn = false;
     }
 
@@ -288,13 +291,10 @@ impl CanonicalBuilder {
         self.in_user_turn = role == Role::User;
     }
 
-    pub fn text(&mut self, text: &str) {
+    pub fn text(&mut self, text: &'d str) {
         self.segment(tag::TEXT, text.as_bytes());
         if self.in_user_turn {
-            if !self.user_text.is_empty() {
-                self.user_text.push('\n');
-            }
-            self.user_text.push_str(text);
+            self.user_parts.push(text);
         }
     }
 
@@ -363,7 +363,7 @@ impl CanonicalBuilder {
             stable_len: self.stable_len.unwrap_or(self.bytes.len()),
             bytes: self.bytes,
             has_stable_context: self.has_stable_context,
-            intent: self.has_intent.then_some(self.intent),
+            intent: self.has_intent.then(|| self.intent_parts.join("\n")),
         })
     }
 }

@@ -16,6 +16,10 @@
 //! with object keys sorted and duplicates resolved: the same bytes whatever key order or
 //! whitespace the client used.
 
+// One `from_utf8_unchecked`, in `Document::raw`: the ranges the parser records are on
+// character boundaries of a text it checked, and the walk reads them many times.
+#![allow(unsafe_code)]
+
 mod parse;
 
 pub use parse::JsonError;
@@ -114,19 +118,30 @@ impl<'a> Document<'a> {
         self.value(0)
     }
 
-    #[inline]
+    #[inline(always)]
     fn value(&self, at: u32) -> Value<'_> {
         let node = self.nodes[at as usize];
         match node.kind() {
             Kind::Null => Value::Null,
             Kind::False => Value::Bool(false),
             Kind::True => Value::Bool(true),
-            Kind::Number => Value::Number(Number(&self.text[node.a()..node.tail as usize])),
-            Kind::String => Value::String(&self.text[node.a()..node.tail as usize]),
+            Kind::Number => Value::Number(Number(self.raw(node))),
+            Kind::String => Value::String(self.raw(node)),
             Kind::EscapedString => Value::String(&self.unescaped[node.a()]),
             Kind::Array => Value::Array(Array { doc: self, at }),
             Kind::Object => Value::Object(Object { doc: self, at }),
         }
+    }
+
+    /// The raw text of a string or number node: a range of the body that the parser
+    /// found between ASCII delimiters (a string's quotes, a number's ASCII run).
+    #[inline(always)]
+    fn raw(&self, node: Node) -> &str {
+        let bytes = &self.text.as_bytes()[node.a()..node.tail as usize];
+        // SAFETY: `text` is valid UTF-8 and the range starts and ends next to ASCII bytes
+        // (or at the text's ends), so it starts and ends on character boundaries. Slicing
+        // the `&str` would check those boundaries again on every field read of the walk.
+        unsafe { std::str::from_utf8_unchecked(bytes) }
     }
 
     /// Indices of the keys of the object at `at` (each value follows its key).
@@ -232,6 +247,7 @@ pub struct Items<'d> {
 impl<'d> Iterator for Items<'d> {
     type Item = Value<'d>;
 
+    #[inline]
     fn next(&mut self) -> Option<Value<'d>> {
         if self.next >= self.end {
             return None;
@@ -265,21 +281,28 @@ impl<'d> Object<'d> {
 
     pub fn get(self, key: &str) -> Option<Value<'d>> {
         let doc = self.doc;
-        let found = doc.keys(self.at).filter(|&at| doc.key_is(at, key)).last()?;
-        Some(doc.value(found + 1))
+        // The index of the last match's value (0, the root, is never a member's value).
+        let mut found = 0;
+        for at in doc.keys(self.at) {
+            if doc.key_is(at, key) {
+                found = at + 1;
+            }
+        }
+        (found != 0).then(|| doc.value(found))
     }
 
     /// The values of several `keys` in one pass over the members (the last duplicate
-    /// wins): for walkers that read many fields of each of many objects.
-    pub fn pick<const N: usize>(self, keys: [&str; N]) -> [Option<Value<'d>>; N] {
+    /// wins): for walkers that read many fields of each of many objects. The values are
+    /// made when read ([`Picked`]): a walker usually reads two or three of them.
+    pub fn pick<const N: usize>(self, keys: [&str; N]) -> Picked<'d, N> {
         let doc = self.doc;
-        let mut found = [None; N];
-        for at in doc.keys(self.at) {
-            if let Some(slot) = keys.iter().position(|key| doc.key_is(at, key)) {
-                found[slot] = Some(doc.value(at + 1));
+        let mut at = [0; N];
+        for key in doc.keys(self.at) {
+            if let Some(slot) = keys.iter().position(|name| doc.key_is(key, name)) {
+                at[slot] = key + 1;
             }
         }
-        found
+        Picked { doc, at }
     }
 
     pub fn contains_key(self, key: &str) -> bool {
@@ -294,6 +317,29 @@ impl<'d> Object<'d> {
         members.sort_by(|(i, (a, _)), (j, (b, _))| a.cmp(b).then(j.cmp(i)));
         members.dedup_by(|(_, (a, _)), (_, (b, _))| a == b);
         members.into_iter().map(|(_, member)| member).collect()
+    }
+}
+
+/// What [`Object::pick`] found: the value of each key asked for, by the key's position.
+#[derive(Clone, Copy)]
+pub struct Picked<'d, const N: usize> {
+    doc: &'d Document<'d>,
+    /// The value's node for each key; 0 (the root, never a member) when absent.
+    at: [u32; N],
+}
+
+impl<'d, const N: usize> Picked<'d, N> {
+    /// The value of the `i`th key, if the object has it.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<Value<'d>> {
+        let at = self.at[i];
+        (at != 0).then(|| self.doc.value(at))
+    }
+
+    /// The `i`th key's value when it is a string.
+    #[inline]
+    pub fn str(&self, i: usize) -> Option<&'d str> {
+        self.get(i).and_then(Value::as_str)
     }
 }
 
@@ -497,12 +543,12 @@ mod tests {
         assert!(matches!(root.get("t"), Some(Value::Bool(true))));
         assert_eq!(root.get("missing").map(Value::kind), None);
         let dup = parse(br#"{"a": 1, "b": "x", "a": 3}"#).unwrap();
-        let [a, b, c] = dup.root().as_object().unwrap().pick(["a", "b", "c"]);
+        let picked = dup.root().as_object().unwrap().pick(["a", "b", "c"]);
         assert_eq!(
-            (a.and_then(Value::as_u64), b.and_then(Value::as_str)),
+            (picked.get(0).and_then(Value::as_u64), picked.str(1)),
             (Some(3), Some("x"))
         );
-        assert!(c.is_none());
+        assert!(picked.get(2).is_none());
     }
 
     #[test]

@@ -40,10 +40,9 @@ pub(super) fn parse(
                 format!("a message is {}, not an object", message.kind()),
             ));
         };
-        let [role, content] = fields.pick(["role", "content"]);
-        let role = role.and_then(Value::as_str).unwrap_or("");
-        builder.begin_turn(Role::from_name(role));
-        match content {
+        let picked = fields.pick(["role", "content"]);
+        builder.begin_turn(Role::from_name(picked.str(0).unwrap_or("")));
+        match picked.get(1) {
             None | Some(Value::Null) => {}
             Some(Value::String(text)) => builder.text(text),
             Some(Value::Array(blocks)) => {
@@ -62,7 +61,7 @@ pub(super) fn parse(
     builder.finish()
 }
 
-fn content_block(builder: &mut CanonicalBuilder, block: Value<'_>) {
+fn content_block<'d>(builder: &mut CanonicalBuilder<'d>, block: Value<'d>) {
     match block.get("type").and_then(Value::as_str) {
         Some("text") => builder.text(block.get("text").and_then(Value::as_str).unwrap_or("")),
         Some("image") => {

@@ -150,7 +150,7 @@ pub(crate) fn builder_for(
     object: Object<'_>,
     api: Api,
     options: BuilderOptions,
-) -> Result<CanonicalBuilder, FingerprintError> {
+) -> Result<CanonicalBuilder<'_>, FingerprintError> {
     Ok(CanonicalBuilder::new(api, model_of(object, api)?, options))
 }
 

@@ -42,7 +42,13 @@ pub(super) fn parse(
                 format!("a message is {}, not an object", message.kind()),
             ));
         };
-        let [role, content_value, tool_calls, function_call, tool_call_id, name] = fields.pick([
+        const ROLE: usize = 0;
+        const CONTENT: usize = 1;
+        const TOOL_CALLS: usize = 2;
+        const FUNCTION_CALL: usize = 3;
+        const TOOL_CALL_ID: usize = 4;
+        const NAME: usize = 5;
+        let picked = fields.pick([
             "role",
             "content",
             "tool_calls",
@@ -50,21 +56,21 @@ pub(super) fn parse(
             "tool_call_id",
             "name",
         ]);
-        let role = Role::from_name(role.and_then(Value::as_str).unwrap_or(""));
+        let role = Role::from_name(picked.str(ROLE).unwrap_or(""));
         builder.begin_turn(role);
         if role == Role::Tool {
-            let id = tool_call_id.or(name).and_then(Value::as_str).unwrap_or("");
-            builder.tool_result(id);
+            let id = picked.get(TOOL_CALL_ID).or(picked.get(NAME));
+            builder.tool_result(id.and_then(Value::as_str).unwrap_or(""));
         }
-        content(&mut builder, content_value)?;
-        if let Some(calls) = tool_calls.and_then(Value::as_array) {
+        content(&mut builder, picked.get(CONTENT))?;
+        if let Some(calls) = picked.get(TOOL_CALLS).and_then(Value::as_array) {
             for call in calls {
                 let function = call.get("function").unwrap_or(call);
                 let name = function.get("name").and_then(Value::as_str).unwrap_or("");
                 builder.tool_call(name, function.get("arguments").unwrap_or(Value::Null));
             }
         }
-        if let Some(call) = function_call {
+        if let Some(call) = picked.get(FUNCTION_CALL) {
             let name = call.get("name").and_then(Value::as_str).unwrap_or("");
             builder.tool_call(name, call.get("arguments").unwrap_or(Value::Null));
         }
@@ -73,9 +79,9 @@ pub(super) fn parse(
 }
 
 /// Feeds a message's `content` (string, parts array or null) to the builder.
-fn content(
-    builder: &mut CanonicalBuilder,
-    content: Option<Value<'_>>,
+fn content<'d>(
+    builder: &mut CanonicalBuilder<'d>,
+    content: Option<Value<'d>>,
 ) -> Result<(), FingerprintError> {
     match content {
         None | Some(Value::Null) => Ok(()),

@@ -54,7 +54,7 @@ pub(super) fn parse(
     builder.finish()
 }
 
-fn suffix(builder: &mut CanonicalBuilder, suffix: Option<Value>) {
+fn suffix<'d>(builder: &mut CanonicalBuilder<'d>, suffix: Option<Value<'d>>) {
     if let Some(Value::String(text)) = suffix {
         builder.begin_turn(Role::Other);
         builder.text(text);

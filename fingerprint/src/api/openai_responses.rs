@@ -106,9 +106,9 @@ fn previous_response(builder: &mut CanonicalBuilder, object: Object<'_>) {
     }
 }
 
-fn content(
-    builder: &mut CanonicalBuilder,
-    content: Option<Value<'_>>,
+fn content<'d>(
+    builder: &mut CanonicalBuilder<'d>,
+    content: Option<Value<'d>>,
 ) -> Result<(), FingerprintError> {
     match content {
         None | Some(Value::Null) => {}

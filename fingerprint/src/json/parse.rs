@@ -1,12 +1,16 @@
-//! The JSON parser behind [`super::parse`]: one recursive-descent pass over the body that
-//! appends a node per value to the document's tape.
+//! The JSON parser behind [`super::parse`]: one pass over the body that appends a node per
+//! value to the document's tape.
 //!
 //! It accepts exactly the documents serde_json accepts, with the same values (property
 //! tests in `super` and the fuzz corpus check it), and does little per byte or per value:
 //! - a string is scanned eight bytes at a time for `"`, `\` or a control character
 //!   ([`find_special`]) and stays in the body when it has no escape;
 //! - a value is one 8-byte node pushed onto one vector: no allocation per object, no
-//!   tree to free.
+//!   tree to free;
+//! - the grammar is one loop ([`values`]) over a stack of the arrays and objects still
+//!   open, not a recursion, and the read position is a local: a chat body is mostly short
+//!   strings, and a call per value (with the position and a `Result` passed through
+//!   memory each time) was most of the parse's cost in V8.
 //!
 //! The rare tokens whose value takes real work are handed to serde_json itself, so their
 //! rules live in one place: a string with an escape (unescaping, `\u` surrogate pairs) and
@@ -37,27 +41,23 @@ pub enum JsonError {
 }
 
 /// serde_json's nesting limit: entering the 128th open array or object is an error.
-const DEPTH_LIMIT: u8 = 128;
+const DEPTH_LIMIT: usize = 128;
 
 /// Parses `bytes` as one JSON document (surrounding whitespace allowed).
 pub(super) fn document(bytes: &[u8]) -> Result<Document<'_>, JsonError> {
     if bytes.len() >= super::A_LIMIT {
         return Err(JsonError::TooLarge);
     }
-    let mut parser = Parser {
-        bytes,
-        pos: 0,
-        depth_left: DEPTH_LIMIT,
+    let mut tape = Tape {
         // Chat bodies of short turns hold about one value per 14 bytes; the vector grows
         // past this guess when it must.
         nodes: Vec::with_capacity(bytes.len() / 12 + 4),
         unescaped: Vec::new(),
     };
-    parser.skip_whitespace();
-    parser.value()?;
-    parser.skip_whitespace();
-    if parser.pos != parser.bytes.len() {
-        return Err(parser.syntax("trailing characters"));
+    let end = values(bytes, skip_whitespace(bytes, 0), &mut tape)?;
+    let end = skip_whitespace(bytes, end);
+    if end != bytes.len() {
+        return Err(syntax("trailing characters", end));
     }
     debug_assert!(std::str::from_utf8(bytes).is_ok());
     // SAFETY: the parse consumed every byte: outside strings only ASCII tokens (whitespace,
@@ -68,212 +68,223 @@ pub(super) fn document(bytes: &[u8]) -> Result<Document<'_>, JsonError> {
     let text = unsafe { std::str::from_utf8_unchecked(bytes) };
     Ok(Document {
         text,
-        nodes: parser.nodes,
-        unescaped: parser.unescaped,
+        nodes: tape.nodes,
+        unescaped: tape.unescaped,
     })
 }
 
-struct Parser<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-    depth_left: u8,
+/// What the parse writes: the nodes, and the unescaped text of strings with escapes.
+struct Tape {
     nodes: Vec<Node>,
     unescaped: Vec<String>,
 }
 
-impl<'a> Parser<'a> {
-    fn syntax(&self, what: &'static str) -> JsonError {
-        JsonError::Syntax { what, at: self.pos }
-    }
-
-    fn peek(&self) -> Option<u8> {
-        self.bytes.get(self.pos).copied()
-    }
-
-    fn skip_whitespace(&mut self) {
-        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
-            self.pos += 1;
-        }
-    }
-
+impl Tape {
     /// Appends a leaf node (its `next` is the following index).
+    #[inline(always)]
     fn leaf(&mut self, kind: Kind, a: usize, tail: usize) {
         self.nodes.push(Node::new(kind, a, tail));
     }
+}
 
-    fn value(&mut self) -> Result<(), JsonError> {
-        match self.peek() {
-            None => Err(self.syntax("EOF while parsing a value")),
-            Some(b'"') => self.string(),
-            Some(b'{') => self.nested(Kind::Object),
-            Some(b'[') => self.nested(Kind::Array),
-            Some(b't') => self.literal("true", Kind::True),
-            Some(b'f') => self.literal("false", Kind::False),
-            Some(b'n') => self.literal("null", Kind::Null),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(_) => Err(self.syntax("expected value")),
-        }
+fn syntax(what: &'static str, at: usize) -> JsonError {
+    JsonError::Syntax { what, at }
+}
+
+#[inline(always)]
+fn skip_whitespace(bytes: &[u8], mut pos: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\t' | b'\r') = bytes.get(pos) {
+        pos += 1;
     }
+    pos
+}
 
-    /// An array or object, one nesting level down as serde_json counts levels: its node,
-    /// then its children, then the node's count and `next` filled in.
-    fn nested(&mut self, kind: Kind) -> Result<(), JsonError> {
-        self.depth_left -= 1;
-        if self.depth_left == 0 {
-            return Err(self.syntax("recursion limit exceeded"));
-        }
-        let at = self.nodes.len();
-        self.leaf(kind, 0, 0);
-        let count = if kind == Kind::Array {
-            self.array()?
-        } else {
-            self.object()?
-        };
-        self.depth_left += 1;
-        let next = self.nodes.len();
-        self.nodes[at] = Node::new(kind, count as usize, next);
-        Ok(())
-    }
-
-    fn literal(&mut self, word: &str, kind: Kind) -> Result<(), JsonError> {
-        if self.bytes[self.pos..].starts_with(word.as_bytes()) {
-            self.pos += word.len();
-            self.leaf(kind, 0, 0);
-            Ok(())
-        } else {
-            Err(self.syntax("expected value"))
-        }
-    }
-
-    /// The character after a value inside an array or object: `,` or `close`.
-    /// Returns true at `close`.
-    fn after_member(&mut self, close: u8, what: &'static str) -> Result<bool, JsonError> {
-        self.skip_whitespace();
-        match self.peek() {
-            Some(b',') => {
-                self.pos += 1;
-                self.skip_whitespace();
-                Ok(false)
+/// One value and everything inside it, from `pos` (at its first byte); returns the
+/// position after it.
+///
+/// The innermost array or object not yet closed is `current`: its node's index, how many
+/// items or members it has so far, and whether it is an object. `outer` holds the ones
+/// around it; `depth` counts them all, serde_json's nesting level. After a value ends,
+/// the loop at the bottom reads what follows it in `current`: a `,` (then the next
+/// member's key, in an object) or the container's close.
+fn values(bytes: &[u8], mut pos: usize, tape: &mut Tape) -> Result<usize, JsonError> {
+    let mut outer = [(0u32, 0u32, false); DEPTH_LIMIT];
+    let mut depth = 0;
+    let (mut at, mut count, mut in_object) = (0u32, 0u32, false);
+    'value: loop {
+        match bytes.get(pos) {
+            Some(b'"') => pos = string(bytes, pos, tape)?,
+            Some(&open_byte @ (b'{' | b'[')) => {
+                if depth + 1 >= DEPTH_LIMIT {
+                    return Err(syntax("recursion limit exceeded", pos));
+                }
+                let object = open_byte == b'{';
+                let kind = if object { Kind::Object } else { Kind::Array };
+                let node = tape.nodes.len();
+                tape.leaf(kind, 0, 0);
+                pos = skip_whitespace(bytes, pos + 1);
+                let close = if object { b'}' } else { b']' };
+                if bytes.get(pos) == Some(&close) {
+                    pos += 1;
+                    tape.nodes[node] = Node::new(kind, 0, tape.nodes.len());
+                } else {
+                    if depth > 0 {
+                        outer[depth - 1] = (at, count, in_object);
+                    }
+                    depth += 1;
+                    (at, count, in_object) = (node as u32, 0, object);
+                    if object {
+                        pos = key(bytes, pos, tape)?;
+                    }
+                    continue 'value;
+                }
             }
-            Some(b) if b == close => {
-                self.pos += 1;
-                Ok(true)
-            }
-            None => Err(self.syntax("EOF while parsing a list or object")),
-            Some(_) => Err(self.syntax(what)),
+            Some(b't') => pos = literal(bytes, pos, b"true", Kind::True, tape)?,
+            Some(b'f') => pos = literal(bytes, pos, b"false", Kind::False, tape)?,
+            Some(b'n') => pos = literal(bytes, pos, b"null", Kind::Null, tape)?,
+            Some(b'-' | b'0'..=b'9') => pos = number(bytes, pos, tape)?,
+            Some(_) => return Err(syntax("expected value", pos)),
+            None => return Err(syntax("EOF while parsing a value", pos)),
         }
-    }
-
-    /// Items after the `[`; returns how many.
-    fn array(&mut self) -> Result<u32, JsonError> {
-        self.pos += 1;
-        self.skip_whitespace();
-        if self.peek() == Some(b']') {
-            self.pos += 1;
-            return Ok(0);
-        }
-        let mut count = 0;
+        // A value ended: what follows it, closing containers until one goes on.
         loop {
-            self.value()?;
+            if depth == 0 {
+                return Ok(pos);
+            }
             count += 1;
-            if self.after_member(b']', "expected `,` or `]`")? {
-                return Ok(count);
-            }
-        }
-    }
-
-    /// Members after the `{` (each a key node and a value node); returns how many.
-    fn object(&mut self) -> Result<u32, JsonError> {
-        self.pos += 1;
-        self.skip_whitespace();
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
-            return Ok(0);
-        }
-        let mut count = 0;
-        loop {
-            match self.peek() {
-                Some(b'"') => {}
-                None => return Err(self.syntax("EOF while parsing an object")),
-                Some(_) => return Err(self.syntax("key must be a string")),
-            }
-            self.string()?;
-            self.skip_whitespace();
-            match self.peek() {
-                Some(b':') => self.pos += 1,
-                None => return Err(self.syntax("EOF while parsing an object")),
-                Some(_) => return Err(self.syntax("expected `:`")),
-            }
-            self.skip_whitespace();
-            self.value()?;
-            count += 1;
-            if self.after_member(b'}', "expected `,` or `}`")? {
-                return Ok(count);
-            }
-        }
-    }
-
-    /// A string starting at the opening quote: a range of the body when it has no escape,
-    /// otherwise unescaped by serde_json into the document's side list. Its bytes are
-    /// checked as UTF-8 when they are not all ASCII.
-    fn string(&mut self) -> Result<(), JsonError> {
-        let open = self.pos;
-        let mut i = open + 1;
-        let mut escaped = false;
-        let mut non_ascii = false;
-        loop {
-            let (at, high) = find_special(self.bytes, i);
-            i = at;
-            non_ascii |= high;
-            match self.bytes.get(i) {
-                Some(b'"') => break,
-                Some(b'\\') => {
-                    escaped = true;
-                    // The escaped character cannot close the string; serde_json checks it.
-                    i += 2;
+            pos = skip_whitespace(bytes, pos);
+            match bytes.get(pos) {
+                Some(b',') => {
+                    pos = skip_whitespace(bytes, pos + 1);
+                    if in_object {
+                        pos = key(bytes, pos, tape)?;
+                    }
+                    continue 'value;
                 }
-                Some(_) => {
-                    self.pos = i;
-                    return Err(self.syntax("control character while parsing a string"));
-                }
-                None => {
-                    self.pos = self.bytes.len();
-                    return Err(self.syntax("EOF while parsing a string"));
-                }
+                Some(b'}') if in_object => {}
+                Some(b']') if !in_object => {}
+                None => return Err(syntax("EOF while parsing a list or object", pos)),
+                Some(_) if in_object => return Err(syntax("expected `,` or `}`", pos)),
+                Some(_) => return Err(syntax("expected `,` or `]`", pos)),
+            }
+            pos += 1;
+            let kind = if in_object { Kind::Object } else { Kind::Array };
+            let next = tape.nodes.len();
+            tape.nodes[at as usize] = Node::new(kind, count as usize, next);
+            depth -= 1;
+            if depth > 0 {
+                (at, count, in_object) = outer[depth - 1];
             }
         }
-        self.pos = i + 1;
-        if !escaped {
-            if non_ascii {
-                std::str::from_utf8(&self.bytes[open + 1..i])
-                    .map_err(|e| JsonError::Utf8(open + 1 + e.valid_up_to()))?;
-            }
-            self.leaf(Kind::String, open + 1, i);
-            return Ok(());
-        }
-        // An escape can hide a byte from `find_special`'s ASCII check: check it all.
-        let raw = std::str::from_utf8(&self.bytes[open..=i])
-            .map_err(|e| JsonError::Utf8(open + e.valid_up_to()))?;
-        let text = serde_json::from_str::<String>(raw).map_err(|e| token_error(e, open))?;
-        self.unescaped.push(text);
-        self.leaf(Kind::EscapedString, self.unescaped.len() - 1, 0);
-        Ok(())
     }
+}
 
-    /// A number: the longest run of number characters, checked by serde_json. In a valid
-    /// document a number is followed by whitespace, `,`, `]` or `}`, so the run is exactly
-    /// the number; any other run is invalid both here and in serde_json.
-    fn number(&mut self) -> Result<(), JsonError> {
-        let start = self.pos;
-        while let Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') = self.peek() {
-            self.pos += 1;
-        }
-        // Number characters are ASCII, so the run is a `&str`.
-        let run = std::str::from_utf8(&self.bytes[start..self.pos]).unwrap_or_default();
-        serde_json::from_str::<serde_json::Number>(run).map_err(|e| token_error(e, start))?;
-        self.leaf(Kind::Number, start, self.pos);
-        Ok(())
+/// An object member's key and its `:`, from `pos` (after `{` or `,` and whitespace);
+/// returns the position of the value.
+#[inline(always)]
+fn key(bytes: &[u8], pos: usize, tape: &mut Tape) -> Result<usize, JsonError> {
+    match bytes.get(pos) {
+        Some(b'"') => {}
+        None => return Err(syntax("EOF while parsing an object", pos)),
+        Some(_) => return Err(syntax("key must be a string", pos)),
     }
+    let pos = skip_whitespace(bytes, string(bytes, pos, tape)?);
+    match bytes.get(pos) {
+        Some(b':') => Ok(skip_whitespace(bytes, pos + 1)),
+        None => Err(syntax("EOF while parsing an object", pos)),
+        Some(_) => Err(syntax("expected `:`", pos)),
+    }
+}
+
+fn literal(
+    bytes: &[u8],
+    pos: usize,
+    word: &[u8],
+    kind: Kind,
+    tape: &mut Tape,
+) -> Result<usize, JsonError> {
+    if bytes[pos..].starts_with(word) {
+        tape.leaf(kind, 0, 0);
+        Ok(pos + word.len())
+    } else {
+        Err(syntax("expected value", pos))
+    }
+}
+
+/// A string from its opening quote at `open`: a range of the body when it has no escape,
+/// otherwise unescaped by serde_json into the tape's side list. Its bytes are checked as
+/// UTF-8 when they are not all ASCII. Returns the position after the closing quote.
+///
+/// The common string (ASCII, no escape) is one scan and one node; the rest is
+/// [`string_with_more`].
+#[inline(always)]
+fn string(bytes: &[u8], open: usize, tape: &mut Tape) -> Result<usize, JsonError> {
+    let (at, high) = find_special(bytes, open + 1);
+    if !high && bytes.get(at) == Some(&b'"') {
+        tape.leaf(Kind::String, open + 1, at);
+        return Ok(at + 1);
+    }
+    string_with_more(bytes, open, at, high, tape)
+}
+
+/// The rest of a string that is not plain ASCII or has an escape, from `at` (the first
+/// special byte after `open`; `high`: a byte of 0x80 or over came before it).
+#[inline(never)]
+fn string_with_more(
+    bytes: &[u8],
+    open: usize,
+    at: usize,
+    high: bool,
+    tape: &mut Tape,
+) -> Result<usize, JsonError> {
+    let mut i = at;
+    let mut escaped = false;
+    let mut non_ascii = high;
+    loop {
+        match bytes.get(i) {
+            Some(b'"') => break,
+            Some(b'\\') => {
+                escaped = true;
+                // The escaped character cannot close the string; serde_json checks it.
+                i += 2;
+            }
+            Some(_) => return Err(syntax("control character while parsing a string", i)),
+            None => return Err(syntax("EOF while parsing a string", bytes.len())),
+        }
+        let (next, high) = find_special(bytes, i);
+        i = next;
+        non_ascii |= high;
+    }
+    if !escaped {
+        if non_ascii {
+            std::str::from_utf8(&bytes[open + 1..i])
+                .map_err(|e| JsonError::Utf8(open + 1 + e.valid_up_to()))?;
+        }
+        tape.leaf(Kind::String, open + 1, i);
+        return Ok(i + 1);
+    }
+    // An escape can hide a byte from `find_special`'s ASCII check: check it all.
+    let raw = std::str::from_utf8(&bytes[open..=i])
+        .map_err(|e| JsonError::Utf8(open + e.valid_up_to()))?;
+    let text = serde_json::from_str::<String>(raw).map_err(|e| token_error(e, open))?;
+    tape.unescaped.push(text);
+    tape.leaf(Kind::EscapedString, tape.unescaped.len() - 1, 0);
+    Ok(i + 1)
+}
+
+/// A number: the longest run of number characters, checked by serde_json. In a valid
+/// document a number is followed by whitespace, `,`, `]` or `}`, so the run is exactly
+/// the number; any other run is invalid both here and in serde_json.
+fn number(bytes: &[u8], start: usize, tape: &mut Tape) -> Result<usize, JsonError> {
+    let mut end = start;
+    while let Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') = bytes.get(end) {
+        end += 1;
+    }
+    // Number characters are ASCII, so the run is a `&str`.
+    let run = std::str::from_utf8(&bytes[start..end]).unwrap_or_default();
+    serde_json::from_str::<serde_json::Number>(run).map_err(|e| token_error(e, start))?;
+    tape.leaf(Kind::Number, start, end);
+    Ok(end)
 }
 
 fn token_error(error: serde_json::Error, at: usize) -> JsonError {
