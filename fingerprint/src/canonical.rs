@@ -118,6 +118,17 @@ impl Role {
     }
 }
 
+/// Whether `text` is empty or all whitespace (as `str::trim` counts it); the common
+/// answer, a text that starts with a visible ASCII character, without a scan.
+#[inline]
+fn is_blank(text: &str) -> bool {
+    match text.as_bytes().first() {
+        None => true,
+        Some(b) if b.is_ascii_graphic() => false,
+        Some(_) => text.trim().is_empty(),
+    }
+}
+
 mod tag {
     pub const MODEL: u8 = 0x01;
     pub const SYSTEM: u8 = 0x02;
@@ -272,7 +283,7 @@ impl<'d> CanonicalBuilder<'d> {
 
     fn close_turn(&mut self) {
         // The turn's parts joined by newlines are blank exactly when every part is.
-        if self.in_user_turn && self.user_parts.iter().any(|part| !part.trim().is_empty()) {
+        if self.in_user_turn && self.user_parts.iter().any(|part| !is_blank(part)) {
             std::mem::swap(&mut self.intent_parts, &mut self.user_parts);
             self.has_intent = true;
         }
@@ -485,6 +496,25 @@ mod tests {
         b.text("a");
         b.text("b");
         assert_ne!(a.bytes(), b.finish().unwrap().bytes());
+    }
+
+    #[test]
+    fn is_blank_agrees_with_trim() {
+        for text in [
+            "",
+            " ",
+            "\n\t ",
+            "x",
+            " x",
+            "\u{3000}",
+            "\u{3000}x",
+            "\u{a0}",
+            "é",
+            "\u{85}",
+            "-",
+        ] {
+            assert_eq!(is_blank(text), text.trim().is_empty(), "{text:?}");
+        }
     }
 
     #[test]
