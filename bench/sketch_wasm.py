@@ -8,14 +8,18 @@ user prompt (ShareGPT-like prose with variables; 64 different prompts, after a w
 then reads `cohort_fingerprint_us` (time of the whole body fingerprint: JSON parse,
 canonical prompt, prefix hashes, normalise, mask, sketch) and `cohort_sketch_us` (the
 normalise + mask + sketch step alone) from /stats. --wasm runs another build of the filter
-(e.g. the main branch's, copied aside) to compare; alternate runs of the two.
+(e.g. the main branch's, copied aside). Given twice or more, it starts one Envoy per build
+and sends the requests to them in turn, one each, so that every build sees the same moments
+of a machine whose speed changes from second to second (these shared boxes move between a
+fast and a slow state), and prints the builds' percentiles side by side.
 
-  bench/sketch_wasm.py [--requests 2000] [--wasm target/wasm/cohort_filter.wasm] [--body FILE]
+  bench/sketch_wasm.py [--requests 2000] [--wasm target/wasm/cohort_filter.wasm ...] [--body FILE]
 
 Needs Envoy (scripts/setup; COHORT_ENVOY overrides) and scripts/build-wasm.
 """
 import argparse
 import json
+import re
 import os
 import signal
 import sys
@@ -45,23 +49,27 @@ def prompt(i, size=1024):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--wasm", default=FILTER)
+    ap.add_argument("--wasm", action="append", help="a filter build (repeat to alternate builds)")
     ap.add_argument("--body", help="POST this file's bytes instead of the generated 1 KB prompts")
     args = ap.parse_args()
+    builds = args.wasm or [FILTER]
     workdir = tempfile.mkdtemp(prefix="cohort-sketch-bench-")
-    admin, port, up_admin, up_port = free_port(), free_port(), free_port(), free_port()
+    up_admin, up_port = free_port(), free_port()
     direct = 'direct_response: { status: 200, body: { inline_string: "{}" } }'
     hashed = "route: { cluster: upstream, hash_policy: [ { header: { header_name: x-cohort-key } } ] }"
-    procs = [
-        start_envoy(workdir, "upstream", TEMPLATE.format(admin=up_admin, port=up_port, route=direct,
-                                                         filters="", upstream=up_port)),
-        start_envoy(workdir, "cohort", TEMPLATE.format(
+    procs = [start_envoy(workdir, "upstream", TEMPLATE.format(admin=up_admin, port=up_port, route=direct,
+                                                              filters="", upstream=up_port))]
+    fronts = []  # (admin, port) per build
+    for i, wasm in enumerate(builds):
+        admin, port = free_port(), free_port()
+        procs.append(start_envoy(workdir, f"cohort-{i}", TEMPLATE.format(
             admin=admin, port=port, route=hashed, upstream=up_port,
-            filters=COHORT.format(wasm=os.path.abspath(args.wasm), plugin='{"mode": "affinity", "histogram_sample_every": 1}'))),
-    ]
+            filters=COHORT.format(wasm=os.path.abspath(wasm), plugin='{"mode": "affinity", "histogram_sample_every": 1}'))))
+        fronts.append((admin, port))
     try:
         wait_ready(up_admin)
-        wait_ready(admin)
+        for admin, _ in fronts:
+            wait_ready(admin)
         if args.body:
             with open(args.body, "rb") as f:
                 bodies = [f.read()]
@@ -69,20 +77,39 @@ def main():
             bodies = [json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt(i)}]}).encode()
                       for i in range(64)]
         for n in range(args.requests):
-            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                             data=bodies[n % len(bodies)],
-                                             headers={"content-type": "application/json"})
-            urllib.request.urlopen(request, timeout=5).read()
+            for _, port in fronts:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                                 data=bodies[n % len(bodies)],
+                                                 headers={"content-type": "application/json"})
+                urllib.request.urlopen(request, timeout=5).read()
         time.sleep(6)  # histograms reach /stats at the next flush (every 5 s)
-        stats = urllib.request.urlopen(
-            f"http://127.0.0.1:{admin}/stats?filter=cohort_(fingerprint_us|sketch_us|fingerprinted_total|body_bytes)").read().decode()
         what = args.body or f"a {len(prompt(0))}-byte prompt"
-        print(f"{args.requests} requests, {len(bodies[0])}-byte bodies ({what}), wasm {args.wasm}")
-        print(stats)
+        print(f"{args.requests} requests per build, {len(bodies[0])}-byte bodies ({what})")
+        query = "/stats?filter=cohort_(fingerprint_us|sketch_us|fingerprinted_total|body_bytes)"
+        stats = [urllib.request.urlopen(f"http://127.0.0.1:{admin}{query}").read().decode() for admin, _ in fronts]
+        if len(builds) == 1:
+            print(f"wasm {builds[0]}")
+            print(stats[0])
+            return
+        print("\n| histogram | build | P0 | P25 | P50 | P75 | P90 |\n|---|---|---|---|---|---|---|")
+        for name in ("cohort_fingerprint_us", "cohort_sketch_us"):
+            for wasm, text in zip(builds, stats):
+                q = percentiles(text, name)
+                cells = " | ".join(f"{q.get(p, float('nan')):.1f}" for p in ("P0", "P25", "P50", "P75", "P90"))
+                print(f"| {name} | {os.path.basename(wasm)} | {cells} |")
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
             proc.wait()
+
+
+def percentiles(stats, name):
+    """{"P50": value, ...} of histogram `name` in an Envoy /stats text (interval, cumulative
+    pairs: the cumulative value is read)."""
+    for line in stats.splitlines():
+        if line.split(":")[0].endswith(name):
+            return {m[0]: float(m[2]) for m in re.findall(r"(P[\d.]+)\(([^,]*),([^)]*)\)", line)}
+    return {}
 
 
 if __name__ == "__main__":

@@ -102,10 +102,10 @@ fn skip_whitespace(bytes: &[u8], mut pos: usize) -> usize {
 /// One value and everything inside it, from `pos` (at its first byte); returns the
 /// position after it.
 ///
-/// The innermost array or object not yet closed is `current`: its node's index, how many
-/// items or members it has so far, and whether it is an object. `outer` holds the ones
-/// around it; `depth` counts them all, serde_json's nesting level. After a value ends,
-/// the loop at the bottom reads what follows it in `current`: a `,` (then the next
+/// The innermost array or object not yet closed is in `at` (its node's index), `count`
+/// (its items or members so far) and `in_object`; `outer` holds the ones around it, and
+/// `depth` counts them all: serde_json's nesting level. After a value ends, the loop at
+/// the bottom reads what follows it in the innermost container: a `,` (then the next
 /// member's key, in an object) or the container's close.
 fn values(bytes: &[u8], mut pos: usize, tape: &mut Tape) -> Result<usize, JsonError> {
     let mut outer = [(0u32, 0u32, false); DEPTH_LIMIT];
