@@ -281,6 +281,7 @@ impl<'d> CanonicalBuilder<'d> {
         self.segment(tag::CONTEXT, text.as_bytes());
     }
 
+    #[inline]
     fn close_turn(&mut self) {
         // The turn's parts joined by newlines are blank exactly when every part is.
         if self.in_user_turn && self.user_parts.iter().any(|part| !is_blank(part)) {
@@ -291,6 +292,7 @@ impl<'d> CanonicalBuilder<'d> {
         self.in_user_turn = false;
     }
 
+    #[inline]
     pub fn begin_turn(&mut self, role: Role) {
         self.end_stable_prefix();
         self.close_turn();
@@ -302,6 +304,7 @@ impl<'d> CanonicalBuilder<'d> {
         self.in_user_turn = role == Role::User;
     }
 
+    #[inline]
     pub fn text(&mut self, text: &'d str) {
         self.segment(tag::TEXT, text.as_bytes());
         if self.in_user_turn {

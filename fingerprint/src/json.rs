@@ -170,12 +170,31 @@ impl<'a> Document<'a> {
         match node.kind() {
             Kind::String => {
                 let (start, end) = (node.a(), node.tail as usize);
-                end - start == key.len()
-                    && self.text.as_bytes().get(start..end) == Some(key.as_bytes())
+                end - start == key.len() && bytes_at(self.text.as_bytes(), start, key.as_bytes())
             }
             _ => self.key_text(at) == key,
         }
     }
+}
+
+/// Whether `text` holds `key` at `start`. A key of up to eight bytes is compared as one
+/// word read from the body (masked to its length), with the key's word folded at compile
+/// time where the key is a literal: the slice comparison calls `memcmp`, a byte loop out
+/// of line in wasm, and lookups make one per member of every message.
+#[inline(always)]
+fn bytes_at(text: &[u8], start: usize, key: &[u8]) -> bool {
+    let n = key.len();
+    if (1..=8).contains(&n) {
+        if let Some(chunk) = text.get(start..start + 8) {
+            let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+            let mut want = 0u64;
+            for (i, &byte) in key.iter().enumerate() {
+                want |= u64::from(byte) << (8 * i);
+            }
+            return word & (u64::MAX >> (64 - 8 * n)) == want;
+        }
+    }
+    text.get(start..start + n) == Some(key)
 }
 
 /// A view of one JSON value; strings borrow from the body (or the document).
@@ -303,6 +322,30 @@ impl<'d> Object<'d> {
             }
         }
         Picked { doc, at }
+    }
+
+    /// The string values of `keys` when the object holds exactly these members, each a
+    /// string, in any order; otherwise `None`. The shape of most chat messages (`role`
+    /// and `content`), read without the general lookup: a fast path whose answer, when it
+    /// has one, is the one [`Object::pick`] would give.
+    #[inline]
+    pub fn only_strings<const N: usize>(self, keys: [&str; N]) -> Option<[&'d str; N]> {
+        let doc = self.doc;
+        if doc.nodes[self.at as usize].a() != N {
+            return None;
+        }
+        let mut found = [""; N];
+        let mut seen = 0u32;
+        for key in doc.keys(self.at) {
+            let slot = keys.iter().position(|name| doc.key_is(key, name))?;
+            let value = doc.nodes[key as usize + 1];
+            if value.kind() != Kind::String || seen & (1 << slot) != 0 {
+                return None;
+            }
+            seen |= 1 << slot;
+            found[slot] = doc.raw(value);
+        }
+        Some(found)
     }
 
     pub fn contains_key(self, key: &str) -> bool {
@@ -523,6 +566,47 @@ mod tests {
         assert_eq!(document.unescaped, ["a\nb"]);
         let escaped = document.root().get("escaped").and_then(Value::as_str);
         assert_eq!(escaped, Some("a\nb"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn bytes_at_is_a_slice_comparison(
+            text in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..24),
+            start in 0usize..24,
+            key in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..12),
+        ) {
+            let expected = text.get(start..start + key.len()) == Some(&key[..]);
+            proptest::prop_assert_eq!(bytes_at(&text, start, &key), expected);
+        }
+    }
+
+    #[test]
+    fn only_strings_answers_for_exactly_those_string_members() {
+        let only = |body: &str| {
+            let document = parse(body.as_bytes()).unwrap();
+            let object = document.root().as_object().unwrap();
+            object
+                .only_strings(["role", "content"])
+                .map(|[role, content]| format!("{role}/{content}"))
+        };
+        assert_eq!(
+            only(r#"{"role": "user", "content": "hi"}"#).as_deref(),
+            Some("user/hi")
+        );
+        assert_eq!(
+            only(r#"{"content": "hi", "role": "user"}"#).as_deref(),
+            Some("user/hi")
+        );
+        for other in [
+            r#"{"role": "user"}"#,
+            r#"{"role": "user", "content": null}"#,
+            r#"{"role": "user", "content": [], "name": "x"}"#,
+            r#"{"role": "user", "name": "x"}"#,
+            r#"{"role": "user", "role": "tool"}"#,
+            r#"{"role": "user", "content": "a\nb"}"#,
+        ] {
+            assert_eq!(only(other), None, "{other}");
+        }
     }
 
     #[test]
