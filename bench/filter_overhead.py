@@ -26,7 +26,7 @@ what the filter adds per request.
 
   bench/filter_overhead.py [--duration 10] [--rounds 3] [--connections 16] [--rate auto|N]
                            [--sizes 2048,32768] [--compare-wasm OLD.wasm ...] [--floor]
-                           [--floor-extra CONFIG ...] [--perf] [--tokenizer]
+                           [--floor-extra CONFIG ...] [--perf] [--tokenizer] [--paired RATE]
 
 --compare-wasm adds a front with another build of the filter (e.g. the main branch's,
 copied aside before rebuilding), measured in the same alternating rounds: rows "before";
@@ -38,6 +38,15 @@ header, clear the route cache). They show what any wasm filter costs in this Env
 from Cohort's own work. --floor-extra CONFIG adds a floor front with another plugin
 configuration, e.g. `body+clock:20` or `body+header:10` (the read-body floor and 20 clock
 reads, or 10 more header writes): its CPU over "read body" prices one call out of the VM.
+
+With --paired RATE, instead of the tables above, every front takes oha's fixed-rate load
+at RATE requests/s *at the same time* (one oha per front, --rounds runs of --duration), and
+the table gives each front's CPU per request over those same seconds. These shared boxes
+move between a fast and a slow state from one second to the next, which moves the
+sequential runs above by more than a filter change; fronts loaded together see the same
+states, so their differences (Cohort's own CPU over the read-body floor, a build against
+another) hold where the absolute figures do not. Pick RATE so that all fronts together
+stay well below saturation (about 800 with six fronts on two cores).
 
 With --perf, after the rounds each front serves one more wrk run under `perf record` (as
 scripts/setup installs it), and a table splits its CPU per request by where it ran: the
@@ -325,6 +334,8 @@ def main():
     parser.add_argument("--perf", action="store_true",
                         help="split each front's CPU per request by DSO with perf record")
     parser.add_argument("--sizes", default="2048,32768", help="chat body sizes, bytes (comma-separated)")
+    parser.add_argument("--paired", type=int, metavar="RATE",
+                        help="load every front at once at RATE req/s and compare CPU per request")
     args = parser.parse_args()
     if args.perf and not shutil.which("perf"):
         sys.exit("perf missing: scripts/setup installs linux-perf")
@@ -360,6 +371,9 @@ def main():
             wait_ready(admin)
         rows, fixed_rate, perf_rows = [], [], []
         oha = oha_binary()
+        if args.paired:
+            paired_table(fronts, ports, procs, args, oha, workdir)
+            return
         for size in [int(s) for s in args.sizes.split(",")]:
             body = chat_body(size)
             body_file = os.path.join(workdir, f"body-{size}.json")
@@ -443,6 +457,43 @@ def main():
             cohort = next(med["cohort"][3] - med["baseline"][3] for body_size, med in rows if body_size == size)
             print(f"| {size:,} B | {text_bytes:,} | {tokens:,} | {us:,.0f} | {cohort:+.1f} |")
     print("\ncohort filter stats:\n" + stats)
+
+
+def paired_table(fronts, ports, procs, args, oha, workdir):
+    """--paired: every front under the same fixed rate at the same time; CPU per request."""
+    if not oha:
+        sys.exit("oha missing: scripts/setup installs it")
+    print(f"\nEnvoy 1.40, 1 worker per Envoy; every front at {args.paired:,} req/s at once (oha -c 8 "
+          f"-z {args.duration}s, one per front), {args.rounds} rounds, medians. CPU/req: the front's CPU "
+          "time (all threads) over the round, per request answered 200, µs.\n")
+    header = "| body | front | CPU/req (µs) | over the baseline (µs) |"
+    if "floor-body" in fronts:
+        header += " own over the read-body floor (µs) |"
+    print(header + "\n|" + "---|" * (header.count("|") - 1))
+    for size in [int(s) for s in args.sizes.split(",")]:
+        body = chat_body(size)
+        body_file = os.path.join(workdir, f"body-{size}.json")
+        with open(body_file, "wb") as f:
+            f.write(body)
+        per_request = {name: [] for name in fronts}
+        for _ in range(args.rounds):
+            before = {name: cpu_ns(procs[name].pid) for name in fronts}
+            runs = {name: subprocess.Popen(
+                [oha, "-z", f"{args.duration}s", "-q", str(args.paired), "-c", "8", "--no-tui",
+                 "--output-format", "json", "-m", "POST", "-H", "content-type: application/json",
+                 "-D", body_file, f"http://127.0.0.1:{ports[name][1]}/v1/chat/completions"],
+                stdout=subprocess.PIPE, text=True) for name in fronts}
+            answered = {name: json.loads(run.communicate()[0])["statusCodeDistribution"].get("200", 0)
+                        for name, run in runs.items()}
+            for name in fronts:
+                per_request[name].append((cpu_ns(procs[name].pid) - before[name]) / 1e3 / max(answered[name], 1))
+        med = {name: statistics.median(v) for name, v in per_request.items()}
+        for name, (label, _) in fronts.items():
+            row = f"| {len(body):,} B | {label} | {med[name]:.1f} | {med[name] - med['baseline']:+.1f} |"
+            if "floor-body" in fronts:
+                own = name == "cohort" or name.startswith("compare-")
+                row += f" {med[name] - med['floor-body']:+.1f} |" if own else " |"
+            print(row)
 
 
 if __name__ == "__main__":

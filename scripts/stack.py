@@ -200,8 +200,10 @@ def envoy_config(name, workdir, replica_ports, ports=None, filter_config=None, s
 
 
 def start_envoy(config, admin, log):
-    """Starts Envoy on a config from envoy_config() and waits until its admin says ready."""
-    envoy = spawn([ENVOY, "-c", config, "--use-dynamic-base-id", "--concurrency", "1", "-l", "error"], log)
+    """Starts Envoy on a config from envoy_config() and waits until its admin says ready.
+    One worker thread unless COHORT_ENVOY_WORKERS says how many."""
+    workers = os.environ.get("COHORT_ENVOY_WORKERS", "1")
+    envoy = spawn([ENVOY, "-c", config, "--use-dynamic-base-id", "--concurrency", workers, "-l", "error"], log)
     wait_http(admin, "/ready", envoy, "envoy")
     return envoy
 
