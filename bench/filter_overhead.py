@@ -256,11 +256,25 @@ def oha_binary():
     return shutil.which("oha") or next((p for p in candidates if os.path.exists(p)), None)
 
 
+def write_body(workdir, size):
+    """The chat body of about `size` bytes, and the file it was written to."""
+    body = chat_body(size)
+    body_file = os.path.join(workdir, f"body-{size}.json")
+    with open(body_file, "wb") as f:
+        f.write(body)
+    return body, body_file
+
+
+def oha_command(oha, port, body_file, duration, rate):
+    """oha POSTing `body_file` at a fixed `rate` for `duration` seconds, a JSON report."""
+    return [oha, "-z", f"{duration}s", "-q", str(rate), "-c", "8", "--no-tui", "--output-format", "json",
+            "-m", "POST", "-H", "content-type: application/json", "-D", body_file,
+            f"http://127.0.0.1:{port}/v1/chat/completions"]
+
+
 def run_oha(oha, port, body_file, args, rate):
     """Fixed-rate latency (ms): p50, p99, and the success rate."""
-    out = subprocess.run([oha, "-z", f"{args.duration}s", "-q", str(rate), "-c", "8", "--no-tui",
-                          "--output-format", "json", "-m", "POST", "-H", "content-type: application/json",
-                          "-D", body_file, f"http://127.0.0.1:{port}/v1/chat/completions"],
+    out = subprocess.run(oha_command(oha, port, body_file, args.duration, rate),
                          capture_output=True, text=True, check=True).stdout
     report = json.loads(out)
     latency = report["latencyPercentiles"]
@@ -375,10 +389,7 @@ def main():
             paired_table(fronts, ports, procs, args, oha, workdir)
             return
         for size in [int(s) for s in args.sizes.split(",")]:
-            body = chat_body(size)
-            body_file = os.path.join(workdir, f"body-{size}.json")
-            with open(body_file, "wb") as f:
-                f.write(body)
+            body, body_file = write_body(workdir, size)
             results = {name: [] for name in fronts}
             for _ in range(args.rounds):
                 for name in fronts:
@@ -471,18 +482,12 @@ def paired_table(fronts, ports, procs, args, oha, workdir):
         header += " own over the read-body floor (µs) |"
     print(header + "\n|" + "---|" * (header.count("|") - 1))
     for size in [int(s) for s in args.sizes.split(",")]:
-        body = chat_body(size)
-        body_file = os.path.join(workdir, f"body-{size}.json")
-        with open(body_file, "wb") as f:
-            f.write(body)
+        body, body_file = write_body(workdir, size)
         per_request = {name: [] for name in fronts}
         for _ in range(args.rounds):
             before = {name: cpu_ns(procs[name].pid) for name in fronts}
-            runs = {name: subprocess.Popen(
-                [oha, "-z", f"{args.duration}s", "-q", str(args.paired), "-c", "8", "--no-tui",
-                 "--output-format", "json", "-m", "POST", "-H", "content-type: application/json",
-                 "-D", body_file, f"http://127.0.0.1:{ports[name][1]}/v1/chat/completions"],
-                stdout=subprocess.PIPE, text=True) for name in fronts}
+            runs = {name: subprocess.Popen(oha_command(oha, ports[name][1], body_file, args.duration, args.paired),
+                                           stdout=subprocess.PIPE, text=True) for name in fronts}
             answered = {name: json.loads(run.communicate()[0])["statusCodeDistribution"].get("200", 0)
                         for name, run in runs.items()}
             for name in fronts:
