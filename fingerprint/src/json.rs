@@ -324,30 +324,6 @@ impl<'d> Object<'d> {
         Picked { doc, at }
     }
 
-    /// The string values of `keys` when the object holds exactly these members, each a
-    /// string, in any order; otherwise `None`. The shape of most chat messages (`role`
-    /// and `content`), read without the general lookup: a fast path whose answer, when it
-    /// has one, is the one [`Object::pick`] would give.
-    #[inline]
-    pub fn only_strings<const N: usize>(self, keys: [&str; N]) -> Option<[&'d str; N]> {
-        let doc = self.doc;
-        if doc.nodes[self.at as usize].a() != N {
-            return None;
-        }
-        let mut found = [""; N];
-        let mut seen = 0u32;
-        for key in doc.keys(self.at) {
-            let slot = keys.iter().position(|name| doc.key_is(key, name))?;
-            let value = doc.nodes[key as usize + 1];
-            if value.kind() != Kind::String || seen & (1 << slot) != 0 {
-                return None;
-            }
-            seen |= 1 << slot;
-            found[slot] = doc.raw(value);
-        }
-        Some(found)
-    }
-
     pub fn contains_key(self, key: &str) -> bool {
         let doc = self.doc;
         doc.keys(self.at).any(|at| doc.key_is(at, key))
@@ -577,35 +553,6 @@ mod tests {
         ) {
             let expected = text.get(start..start + key.len()) == Some(&key[..]);
             proptest::prop_assert_eq!(bytes_at(&text, start, &key), expected);
-        }
-    }
-
-    #[test]
-    fn only_strings_answers_for_exactly_those_string_members() {
-        let only = |body: &str| {
-            let document = parse(body.as_bytes()).unwrap();
-            let object = document.root().as_object().unwrap();
-            object
-                .only_strings(["role", "content"])
-                .map(|[role, content]| format!("{role}/{content}"))
-        };
-        assert_eq!(
-            only(r#"{"role": "user", "content": "hi"}"#).as_deref(),
-            Some("user/hi")
-        );
-        assert_eq!(
-            only(r#"{"content": "hi", "role": "user"}"#).as_deref(),
-            Some("user/hi")
-        );
-        for other in [
-            r#"{"role": "user"}"#,
-            r#"{"role": "user", "content": null}"#,
-            r#"{"role": "user", "content": [], "name": "x"}"#,
-            r#"{"role": "user", "name": "x"}"#,
-            r#"{"role": "user", "role": "tool"}"#,
-            r#"{"role": "user", "content": "a\nb"}"#,
-        ] {
-            assert_eq!(only(other), None, "{other}");
         }
     }
 

@@ -42,15 +42,6 @@ pub(super) fn parse(
                 format!("a message is {}, not an object", message.kind()),
             ));
         };
-        // Most messages are a role and a text: the same calls as below, in fewer steps.
-        if let Some([role, text]) = fields.only_strings(["role", "content"]) {
-            let role = Role::from_name(role);
-            if role != Role::Tool {
-                builder.begin_turn(role);
-                builder.text(text);
-                continue;
-            }
-        }
         const ROLE: usize = 0;
         const CONTENT: usize = 1;
         const TOOL_CALLS: usize = 2;
