@@ -34,6 +34,29 @@ class RunnerSmoke(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.out, True)
         self.addCleanup(stack.stop_all)
 
+    def test_envoy_workers_follow_cohort_envoy_workers(self):
+        # The benchmark's Envoys run one worker; COHORT_ENVOY_WORKERS sets another count
+        # (docs/BENCHMARKS.md, "Envoy with two workers"). Envoy's admin reports the count
+        # it runs with.
+        import urllib.request
+
+        workdir = tempfile.mkdtemp(prefix="bench-peers-workers-")
+        self.addCleanup(shutil.rmtree, workdir, True)
+        seen = {}
+        for workers in ("", "2"):
+            if workers:
+                os.environ["COHORT_ENVOY_WORKERS"] = workers
+            else:
+                os.environ.pop("COHORT_ENVOY_WORKERS", None)
+            self.addCleanup(os.environ.pop, "COHORT_ENVOY_WORKERS", None)
+            config, admin, _ = stack.envoy_config("round-robin", workdir, [stack.free_port()] * 3)
+            envoy = stack.start_envoy(config, admin, os.path.join(workdir, f"envoy-{workers or 'default'}.log"))
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/server_info", timeout=5) as response:
+                seen[workers] = json.load(response)["command_line_options"]["concurrency"]
+            envoy.terminate()
+            envoy.wait(timeout=10)
+        self.assertEqual(seen, {"": 1, "2": 2})
+
     def test_envoy_rr_and_affinity_on_four_sim_replicas(self):
         import report
         import workloads
