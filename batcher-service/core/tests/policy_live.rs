@@ -244,3 +244,69 @@ fn on_an_idle_fleet_a_new_prefix_goes_where_the_cache_has_room_not_to_its_cohort
     }
     assert_eq!(per_replica, [2, 2, 2], "{replicas:?}");
 }
+
+#[test]
+fn only_a_prompt_some_replica_holds_more_of_prefers_a_replica() {
+    let mut p = policy(3);
+    go_live(&mut p, 0);
+    // A trunk every replica holds (a trace-wide root), and a conversation on one of them.
+    for r in 0..3 {
+        p.warmed(r, &[1], 1, u64::MAX);
+    }
+    let conversation = p.choose(&req(&[1, 50, 51], 1000, 10));
+    p.end(conversation.ticket, 200, 11);
+    assert!(!p.prefix_prefers_a_replica(&[7, 8], 12), "cold");
+    assert!(
+        !p.prefix_prefers_a_replica(&[1, 60], 12),
+        "the trunk every replica holds"
+    );
+    assert!(
+        p.prefix_prefers_a_replica(&[1, 50, 51, 52], 12),
+        "the conversation's next turn"
+    );
+    assert!(!p.prefix_prefers_a_replica(&[], 12), "no blocks");
+}
+
+/// A burst of two on an idle fleet: a conversation's next turn (its history on one
+/// replica) and a cold prompt with a long prefill. Returns (turn, cold) replicas and the
+/// turn's expected wait, deciding the cold prompt first or second.
+fn burst(cold_first: bool) -> (usize, usize, bool) {
+    let mut p = policy(2);
+    go_live(&mut p, 0);
+    // The conversation's history on one replica, a bigger prefix on the other: on an idle
+    // fleet the cold prompt's tie goes to the fewest blocks held, the conversation's.
+    let history = p.choose(&req(&[1, 2], 1000, 1));
+    p.first_byte(history.ticket, 10, 11);
+    p.end(history.ticket, 200, 12);
+    let other = p.choose(&req(&[100, 101, 102, 103, 104], 1000, 13));
+    assert_ne!(other.replica, history.replica);
+    p.first_byte(other.ticket, 10, 23);
+    p.end(other.ticket, 200, 24);
+    let turn_blocks = [1, 2, 3];
+    let cold_blocks = [500, 501, 502, 503, 504, 505, 506, 507];
+    assert!(p.prefix_prefers_a_replica(&turn_blocks, 30));
+    assert!(!p.prefix_prefers_a_replica(&cold_blocks, 30));
+    let (turn, cold) = if cold_first {
+        let cold = p.choose(&req(&cold_blocks, 20_000, 30));
+        (p.choose(&req(&turn_blocks, 1500, 30)), cold)
+    } else {
+        let turn = p.choose(&req(&turn_blocks, 1500, 30));
+        (turn, p.choose(&req(&cold_blocks, 20_000, 30)))
+    };
+    (turn.replica, cold.replica, turn.replica == history.replica)
+}
+
+#[test]
+fn deciding_the_turn_with_a_home_first_keeps_the_cold_prompt_off_its_holder() {
+    // Cold first: the prompt takes the conversation's replica (fewest blocks), and the
+    // turn then either queues behind its 20k-token prefill or leaves its history.
+    let (turn, cold, home) = burst(true);
+    assert!(
+        turn == cold || !home,
+        "cold first: turn {turn}, cold {cold}"
+    );
+    // Turn first (burst order): the turn takes its holder, the prompt the other replica.
+    let (turn, cold, home) = burst(false);
+    assert!(home, "the turn stays on its history");
+    assert_ne!(turn, cold, "the cold prompt goes elsewhere");
+}

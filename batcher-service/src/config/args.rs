@@ -48,6 +48,9 @@ pub struct ServeArgs {
     /// The same for a private prefix (a conversation's own history).
     #[arg(long, env = "COHORT_LIVE_SLACK_PRIVATE")]
     pub live_slack_private: Option<f64>,
+    /// Decide a burst's requests with a home before its cold ones (see the policy).
+    #[arg(long, env = "COHORT_BURST_ORDER")]
+    pub burst_order: Option<bool>,
     /// Fingerprint store: `cpu` or `gpu` (gpu falls back to cpu with one warning when the
     /// binary lacks the `cuda` feature or no GPU is usable).
     #[arg(long, env = "COHORT_STORE")]

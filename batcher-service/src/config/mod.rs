@@ -44,6 +44,7 @@
 //! balance = 1.2                   # a replica takes work while under 1.2 × the mean load
 //! live_slack = 1.0                # (live load) extra wait on a prefix holder, in cold prefills
 //! live_slack_private = 3.0        # the same for a private prefix (a conversation's history)
+//! burst_order = true              # a burst's requests with a home are decided before its cold ones
 //! kv_blocks_per_replica = 16384   # each replica's prefix cache, in filter blocks (256 B)
 //!
 //! [headers]                       # as the filter's `headers` (docs/CONTRACT.md)
@@ -212,6 +213,9 @@ impl ServeConfig {
         if let Some(slack) = args.live_slack_private {
             config.policy.live_slack_private = slack;
         }
+        if let Some(order) = args.burst_order {
+            config.policy.burst_order = order;
+        }
         if let Some(store) = args.store {
             config.store.backend = store;
         }
@@ -272,7 +276,7 @@ mod tests {
         let path = dir.join("serve.toml");
         std::fs::write(
             &path,
-            "grpc_listen = \"127.0.0.1:7000\"\nshard_count = 2\ndrain_delay_ms = 500\naudit_max_records = 10\n[cost]\nmiss_penalty = 2.0\n[[replicas]]\nname = \"a\"\n[policy]\nbalance = 1.5\nkv_blocks_per_replica = 10\n",
+            "grpc_listen = \"127.0.0.1:7000\"\nshard_count = 2\ndrain_delay_ms = 500\naudit_max_records = 10\n[cost]\nmiss_penalty = 2.0\n[[replicas]]\nname = \"a\"\n[policy]\nbalance = 1.5\nkv_blocks_per_replica = 10\nburst_order = false\n",
         )
         .unwrap();
         let mut a = args(&[]);
@@ -281,6 +285,8 @@ mod tests {
         assert_eq!(config.grpc_listen.port(), 7000);
         assert_eq!(config.policy.kv_blocks_per_replica, 10);
         assert_eq!(config.policy.balance, 1.5);
+        assert!(!config.policy.burst_order);
+        assert!(ServeConfig::default().policy.burst_order);
         assert_eq!(config.shard_index, 1, "from the StatefulSet ordinal");
         assert_eq!(config.drain_delay_ms, 500);
         assert_eq!(config.audit_max_records, 10);
@@ -293,7 +299,9 @@ mod tests {
         a.shard_index = Some(0);
         a.drain_delay_ms = Some(250);
         a.audit_max_records = Some(0);
+        a.burst_order = Some(true);
         let config = ServeConfig::load(&a, Some("cohort-batcher-1")).unwrap();
+        assert!(config.policy.burst_order);
         assert_eq!(config.drain_delay_ms, 250);
         assert_eq!(config.audit_max_records, 0);
         assert_eq!(config.grpc_listen.port(), 7001);

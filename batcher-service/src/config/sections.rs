@@ -181,6 +181,11 @@ pub struct PolicySection {
     /// as a conversation's history (3 by default). Moving it relocates the history and
     /// relieves nothing lasting, so it stays home through more queue than a shared one.
     pub live_slack_private: f64,
+    /// Decide a burst's requests that have a home first: an Assign whose prefix every
+    /// replica holds alike (a cold prompt) yields to the Assigns that arrived with it, so
+    /// a conversation's next turn takes its holder before a cold prompt of the same burst
+    /// picks a replica (default on).
+    pub burst_order: bool,
     /// Each replica's prefix-cache capacity in filter blocks (256 bytes of canonical
     /// prompt ≈ 64 tokens each). The default, 16,384 blocks, is about 1 M tokens of KV.
     pub kv_blocks_per_replica: usize,
@@ -195,6 +200,7 @@ impl Default for PolicySection {
             load_half_life_ms: policy.load_half_life_ms,
             live_slack: policy.live_slack,
             live_slack_private: policy.live_slack_private,
+            burst_order: true,
             kv_blocks_per_replica: 16_384,
         }
     }

@@ -12,6 +12,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
+/// How many times a cold Assign yields to the others of its burst (`[policy] burst_order`).
+const BURST_YIELDS: usize = 2;
+
 pub struct BatcherService {
     pub brain: Arc<Brain>,
     /// Batch mode's front, when the replicas have URLs: it also learns and warms cohorts
@@ -35,6 +38,13 @@ impl Batcher for BatcherService {
         request: Request<pb::AssignRequest>,
     ) -> Result<Response<pb::AssignReply>, Status> {
         let assign = request.get_ref();
+        if self.brain.may_yield(assign, self.clock.now_ms()) {
+            // Let the Assigns of the same burst, already received and runnable, decide
+            // before this one (a yield puts this task behind them).
+            for _ in 0..BURST_YIELDS {
+                tokio::task::yield_now().await;
+            }
+        }
         let mut reply = self.brain.assign(assign, self.clock.now_ms())?;
         if let (Some(front), Some(info)) = (&self.front, &assign.request) {
             let knobs = self.brain.knobs(info);
@@ -82,5 +92,90 @@ impl Batcher for BatcherService {
         _request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusReply>, Status> {
         Ok(Response::new(self.brain.status(self.clock.now_ms())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Replica, ServeConfig};
+
+    fn service(burst_order: bool) -> Arc<BatcherService> {
+        let mut config = ServeConfig {
+            replicas: vec![Replica::named("r0"), Replica::named("r1")],
+            ..ServeConfig::default()
+        };
+        config.policy.burst_order = burst_order;
+        let clock = Clock::start();
+        Arc::new(BatcherService {
+            brain: Arc::new(Brain::new(&config, clock)),
+            front: None,
+            clock,
+            shutdown: watch::channel(false).1,
+        })
+    }
+
+    /// An Assign of `blocks` and a prompt of `prompt_bytes` (no sketch: no cohort).
+    fn request(blocks: Vec<u64>, prompt_bytes: u32) -> Request<pb::AssignRequest> {
+        Request::new(pb::AssignRequest {
+            request: Some(pb::RequestInfo {
+                fingerprint: Some(pb::Fingerprint {
+                    key: blocks[0],
+                    blocks,
+                    prompt_bytes,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    async fn shard(service: &BatcherService, blocks: Vec<u64>, prompt_bytes: u32) -> String {
+        let reply = service.assign(request(blocks, prompt_bytes)).await.unwrap();
+        reply.into_inner().shard
+    }
+
+    /// A burst of two received together, a cold prompt first and a conversation's next
+    /// turn second, on a fleet where the turn's holder carries less load than the other
+    /// replica. Returns (cold, turn) shards.
+    async fn burst(burst_order: bool) -> (String, String) {
+        let service = service(burst_order);
+        let history = shard(&service, vec![1, 2], 4_096).await;
+        let other = shard(&service, vec![100, 101, 102, 103, 104], 16_384).await;
+        assert_ne!(history, other);
+        let cold = tokio::spawn({
+            let service = Arc::clone(&service);
+            async move { shard(&service, vec![500, 501, 502], 2_048).await }
+        });
+        let turn = tokio::spawn({
+            let service = Arc::clone(&service);
+            async move { shard(&service, vec![1, 2, 3], 48_000).await }
+        });
+        let (cold, turn) = (cold.await.unwrap(), turn.await.unwrap());
+        assert_eq!(turn, history, "the turn goes to its history either way");
+        // Every Assign but the turn had no home (the first two found an empty fleet).
+        let brain = Arc::clone(&service.brain);
+        let page = crate::metrics::render_one(move |scrape: &mut crate::metrics::Scrape<'_>| {
+            brain.write_metrics(scrape, 0)
+        });
+        let yields = if burst_order { 3 } else { 0 };
+        assert!(
+            page.contains(&format!("cohort_assign_burst_yields_total {yields}\n")),
+            "{page}"
+        );
+        (cold, turn)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn burst_order_decides_the_turn_with_a_home_before_the_cold_prompt() {
+        // On: the cold prompt yields, the turn loads its holder first, and the prompt goes
+        // to the other replica.
+        let (cold, turn) = burst(true).await;
+        assert_ne!(cold, turn, "burst order on");
+        // Off: decided as they came, the prompt takes the less loaded holder and the
+        // turn's 12k-token prefill then queues behind it there.
+        let (cold, turn) = burst(false).await;
+        assert_eq!(cold, turn, "burst order off");
     }
 }

@@ -777,6 +777,22 @@ impl Policy {
             .is_some_and(|state| state.matched(blocks, now_ms) == blocks.len())
     }
 
+    /// Whether the replicas differ on `blocks` at `now_ms`: some holds more of its leading
+    /// blocks than another. When they do not (a cold prompt, or one whose only shared part
+    /// is a trunk every replica holds), any replica serves it as well as another, so its
+    /// decision can wait for those of the same burst that have a home (see
+    /// `[policy] burst_order` in docs/BATCHER.md).
+    pub fn prefix_prefers_a_replica(&self, blocks: &[u64], now_ms: u64) -> bool {
+        let mut least = usize::MAX;
+        let mut most = 0;
+        for state in &self.states {
+            let m = state.matched(blocks, now_ms);
+            least = least.min(m);
+            most = most.max(m);
+        }
+        most > least
+    }
+
     /// A warm-up computed `blocks` on `replica`: they count as held for `resident_ms`, as
     /// if a request had sent them (no load: the warm-up ran on idle capacity).
     pub fn warmed(&mut self, replica: usize, blocks: &[u64], now_ms: u64, resident_ms: u64) {

@@ -40,6 +40,12 @@ impl Brain {
                 .map(|(r, n)| (r.to_string(), n as f64))
                 .collect::<Vec<_>>(),
         );
+        scrape.counter(
+            "cohort_assign_burst_yields_total",
+            "Assigns with no home (every replica holds their prefix alike) that let the \
+             others received with them decide first ([policy] burst_order).",
+            c.burst_yields.load(Ordering::Relaxed),
+        );
         scrape.histogram(
             "cohort_assign_decision_seconds",
             "Time to decide one Assign inside the batcher.",

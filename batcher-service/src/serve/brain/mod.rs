@@ -101,6 +101,8 @@ struct Counters {
     band_prompt_tokens: [AtomicU64; LENGTH_BANDS.len()],
     band_cached_tokens: [AtomicU64; LENGTH_BANDS.len()],
     assigns: AtomicU64,
+    /// Assigns that yielded to the others of their burst ([`Brain::may_yield`]).
+    burst_yields: AtomicU64,
     observations: AtomicU64,
     observations_without_sketch: AtomicU64,
     dropped_reported: AtomicU64,
@@ -112,6 +114,8 @@ pub struct Brain {
     shard_index: u32,
     shard_count: u32,
     policy: Mutex<Policy>,
+    /// `[policy] burst_order`: see [`Brain::may_yield`].
+    burst_order: bool,
     /// The online cohorts over a centroid store of the configured kind. Assigns read it
     /// together; an Observe writes.
     cohorts: RwLock<Cohorts<Coalesced<Box<dyn Store>>>>,
@@ -247,6 +251,7 @@ impl Brain {
             shard_index: config.shard_index,
             shard_count: config.shard_count,
             policy: Mutex::new(Policy::new(policy)),
+            burst_order: config.policy.burst_order,
             cohorts: RwLock::new(Cohorts::new(
                 Coalesced::new(stores.centroids),
                 config.store.cohort_idle_s,
@@ -315,6 +320,25 @@ impl Brain {
     /// The audit log the brain writes at Assign and on progress reports.
     pub fn audit(&self) -> Arc<AuditLog> {
         Arc::clone(&self.audit)
+    }
+
+    /// Whether `assign` may let the Assigns that arrived with it be decided first: burst
+    /// order is on and no replica holds more of its prefix than another, so it has no
+    /// home to lose and its choice is better made knowing where the others went (a
+    /// conversation's next turn, decided after a cold prompt of its own burst, found its
+    /// holder just given that prompt's long prefill; docs/BATCHER.md, "Burst order").
+    pub fn may_yield(&self, assign: &pb::AssignRequest, now_ms: u64) -> bool {
+        if !self.burst_order {
+            return false;
+        }
+        let Some(fp) = assign.request.as_ref().and_then(|r| r.fingerprint.as_ref()) else {
+            return false;
+        };
+        let yields = !lock(&self.policy).prefix_prefers_a_replica(&fp.blocks, now_ms);
+        if yields {
+            self.counters.burst_yields.fetch_add(1, Ordering::Relaxed);
+        }
+        yields
     }
 
     pub fn assign(
