@@ -782,15 +782,12 @@ impl Policy {
     /// is a trunk every replica holds), any replica serves it as well as another, so its
     /// decision can wait for those of the same burst that have a home (see
     /// `[policy] burst_order` in docs/BATCHER.md).
+    /// Stops at the first replica that differs from the first one, and a cold prompt costs
+    /// one look-up per replica.
     pub fn prefix_prefers_a_replica(&self, blocks: &[u64], now_ms: u64) -> bool {
-        let mut least = usize::MAX;
-        let mut most = 0;
-        for state in &self.states {
-            let m = state.matched(blocks, now_ms);
-            least = least.min(m);
-            most = most.max(m);
-        }
-        most > least
+        let mut matched = self.states.iter().map(|s| s.matched(blocks, now_ms));
+        let first = matched.next().unwrap_or(0);
+        matched.any(|m| m != first)
     }
 
     /// A warm-up computed `blocks` on `replica`: they count as held for `resident_ms`, as

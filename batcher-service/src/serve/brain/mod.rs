@@ -327,8 +327,9 @@ impl Brain {
     /// home to lose and its choice is better made knowing where the others went (a
     /// conversation's next turn, decided after a cold prompt of its own burst, found its
     /// holder just given that prompt's long prefill; docs/BATCHER.md, "Burst order").
+    /// With one replica there is nothing to order.
     pub fn may_yield(&self, assign: &pb::AssignRequest, now_ms: u64) -> bool {
-        if !self.burst_order {
+        if !self.burst_order || self.replicas.len() < 2 {
             return false;
         }
         let Some(fp) = assign.request.as_ref().and_then(|r| r.fingerprint.as_ref()) else {
