@@ -8,6 +8,9 @@
 //!   after a restart;
 //! - a frozen batcher (SIGSTOP) fails no request: each waits out the Assign deadline (counted
 //!   as a timeout), is routed by key, and assignment resumes after SIGCONT;
+//! - burst order acts through Envoy and the flag turns it off: the cold Assigns yield (the
+//!   first, on an empty fleet, always), those with a home do not, and with
+//!   `--burst-order false` none does;
 //! - two batcher shards split assignments and observations by the routing key's jump
 //!   hash, and killing one degrades only its share to affinity routing.
 //!
@@ -40,6 +43,11 @@ struct Stack {
 
 /// `istio/envoy/assign.yaml` with `shards` batchers on free ports.
 fn stack(shards: usize) -> Stack {
+    stack_with(shards, &[])
+}
+
+/// The same, each batcher started with `extra_args` as well.
+fn stack_with(shards: usize, extra_args: &[&str]) -> Stack {
     let replicas: Vec<Upstream> = REPLICAS.iter().map(|n| Upstream::start(n)).collect();
     let batchers: Vec<Batcher> = (0..shards)
         .map(|i| {
@@ -50,7 +58,7 @@ fn stack(shards: usize) -> Stack {
                 shard_index: i as u32,
                 shard_count: shards as u32,
                 front_port: None,
-                extra_args: Vec::new(),
+                extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             })
         })
         .collect();
@@ -227,6 +235,31 @@ fn replicas_receive_what_the_batcher_decided_and_every_observation_arrives() {
         "batcher received {received} of {requests} observations (sent {sent}, dropped {dropped}, arrived={arrived})"
     );
     assert_eq!(received, sent, "every observation sent arrived");
+}
+
+#[test]
+fn burst_order_yields_only_homeless_assigns_and_its_flag_turns_it_off() {
+    let _alone = one_at_a_time();
+    let n = 48;
+    for (args, on) in [(&[][..], true), (&["--burst-order", "false"][..], false)] {
+        let stack = stack_with(1, args);
+        for i in 0..n {
+            let response = send(&stack.envoy, i);
+            assert_eq!(response.status, 200, "{}", response.text());
+        }
+        let batcher = &stack.batchers[0];
+        assert_eq!(batcher.metric("cohort_assign_total"), n as f64);
+        let page = batcher.metrics();
+        let yields = batcher.metric("cohort_assign_burst_yields_total");
+        assert!(page.contains("cohort_assign_burst_yields_total "), "{page}");
+        if on {
+            // The first request found an empty fleet; the second turn of a conversation
+            // (requests 24 and on) has its history on one replica.
+            assert!(yields >= 1.0 && yields < n as f64, "yields {yields}");
+        } else {
+            assert_eq!(yields, 0.0);
+        }
+    }
 }
 
 #[test]
