@@ -135,7 +135,7 @@ fn an_unavailable_replica_gets_nothing_even_when_it_holds_the_prefix() {
     go_live(&mut p, 0);
     let holder = p.choose(&req(&[1, 2, 3], 3000, 1));
     p.end(holder.ticket, 200, 2);
-    p.set_available(holder.replica, false);
+    p.probe(holder.replica, false);
     for t in 0..20u64 {
         let c = p.choose(&req(&[1, 2, 3, 50 + t], 4000, 10 + t));
         assert_ne!(c.replica, holder.replica);
@@ -144,12 +144,12 @@ fn an_unavailable_replica_gets_nothing_even_when_it_holds_the_prefix() {
     assert!(!p.snapshot(40).replicas[holder.replica].available);
     // The estimate (no live load) respects it too.
     let mut q = policy(2);
-    q.set_available(0, false);
+    q.probe(0, false);
     for t in 0..10u64 {
         assert_eq!(q.choose(&req(&[t], 100, t)).replica, 1);
     }
     // None available: decisions go on over all of them.
-    q.set_available(1, false);
+    q.probe(1, false);
     let c = q.choose(&req(&[77], 100, 20));
     assert!(c.replica < 2);
 }

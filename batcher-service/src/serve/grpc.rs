@@ -12,9 +12,6 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
-/// How many times a cold Assign yields to the others of its burst (`[policy] burst_order`).
-const BURST_YIELDS: usize = 2;
-
 pub struct BatcherService {
     pub brain: Arc<Brain>,
     /// Batch mode's front, when the replicas have URLs: it also learns and warms cohorts
@@ -38,14 +35,7 @@ impl Batcher for BatcherService {
         request: Request<pb::AssignRequest>,
     ) -> Result<Response<pb::AssignReply>, Status> {
         let assign = request.get_ref();
-        if self.brain.may_yield(assign, self.clock.now_ms()) {
-            // Let the Assigns of the same burst, already received and runnable, decide
-            // before this one (a yield puts this task behind them).
-            for _ in 0..BURST_YIELDS {
-                tokio::task::yield_now().await;
-            }
-        }
-        let mut reply = self.brain.assign(assign, self.clock.now_ms())?;
+        let mut reply = self.brain.assign_in_burst_order(assign).await?;
         if let (Some(front), Some(info)) = (&self.front, &assign.request) {
             let knobs = self.brain.knobs(info);
             let live: Arc<dyn LiveFleet> = self.brain.clone();

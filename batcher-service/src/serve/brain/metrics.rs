@@ -16,7 +16,6 @@ impl Brain {
         let snapshot = lock(&self.policy).snapshot(now_ms);
         let store = self.store.stats();
         let cohorts = read(&self.cohorts).counters();
-        let health = lock(&self.health);
         let per_replica = |f: &dyn Fn(usize) -> f64| -> Vec<(String, f64)> {
             self.replicas
                 .iter()
@@ -248,7 +247,7 @@ impl Brain {
             "cohort_replica_available",
             "Whether Assign may choose the replica (probe up, no 5xx in the hold time).",
             "replica",
-            &per_replica(&|i| f64::from(u8::from(health.available(i, now_ms)))),
+            &per_replica(&|i| f64::from(u8::from(snapshot.replicas[i].available))),
         );
         scrape.count_gauge(
             "cohort_assign_live_load",

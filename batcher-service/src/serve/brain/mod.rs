@@ -32,6 +32,7 @@ use crate::config::ServeConfig;
 use crate::metrics::{decision_seconds, Histogram};
 use cohort_batcher_core::cohorts::Cohorts;
 use cohort_batcher_core::neighbours::Neighbours;
+use cohort_batcher_core::policy::burst_order::{self, Precedence};
 use cohort_batcher_core::policy::{Policy, PolicyConfig, RouteRequest};
 use cohort_batcher_core::store::cpu::{Capacity, CpuStoreConfig};
 use cohort_batcher_core::store::{Coalesced, EntryMeta, SketchBytes, Store};
@@ -101,7 +102,7 @@ struct Counters {
     band_prompt_tokens: [AtomicU64; LENGTH_BANDS.len()],
     band_cached_tokens: [AtomicU64; LENGTH_BANDS.len()],
     assigns: AtomicU64,
-    /// Assigns that yielded to the others of their burst ([`Brain::may_yield`]).
+    /// Assigns that deferred to the others of their burst ([`Brain::assign_in_burst_order`]).
     burst_yields: AtomicU64,
     observations: AtomicU64,
     observations_without_sketch: AtomicU64,
@@ -114,7 +115,7 @@ pub struct Brain {
     shard_index: u32,
     shard_count: u32,
     policy: Mutex<Policy>,
-    /// `[policy] burst_order`: see [`Brain::may_yield`].
+    /// `[policy] burst_order`: see [`Brain::assign_in_burst_order`].
     burst_order: bool,
     /// The online cohorts over a centroid store of the configured kind. Assigns read it
     /// together; an Observe writes.
@@ -133,8 +134,6 @@ pub struct Brain {
     /// Observed requests per (cohort, source), for the inspector's batch pivot. The source
     /// is the tenant the mesh established: the calling workload's identity.
     pivot: Mutex<std::collections::HashMap<(u32, String), u64>>,
-    /// Which replicas may be chosen (probes, 5xx answers): [`live`].
-    health: Mutex<live::Health>,
     progress_counters: live::ProgressCounters,
     /// The time of reports that come without one (engine probes).
     clock: Clock,
@@ -266,7 +265,6 @@ impl Brain {
             counters: Counters::default(),
             assign_seconds: decision_seconds(),
             pivot: Mutex::new(std::collections::HashMap::new()),
-            health: Mutex::new(live::Health::new(config.replicas.len())),
             progress_counters: live::ProgressCounters::default(),
             clock,
             audit: Arc::new(AuditLog::new(config.audit_max_records)),
@@ -322,24 +320,32 @@ impl Brain {
         Arc::clone(&self.audit)
     }
 
-    /// Whether `assign` may let the Assigns that arrived with it be decided first: burst
-    /// order is on and no replica holds more of its prefix than another, so it has no
-    /// home to lose and its choice is better made knowing where the others went (a
-    /// conversation's next turn, decided after a cold prompt of its own burst, found its
-    /// holder just given that prompt's long prefill; docs/BATCHER.md, "Burst order").
-    /// With one replica there is nothing to order.
-    pub fn may_yield(&self, assign: &pb::AssignRequest, now_ms: u64) -> bool {
-        if !self.burst_order || self.replicas.len() < 2 {
+    /// Decides `assign` in burst order ([`burst_order`]): when every replica holds its
+    /// prefix alike, the Assigns received with it, already runnable, decide first (it
+    /// steps behind them [`burst_order::DEFERRALS`] times), so its choice is made knowing
+    /// where they went. With `[policy] burst_order = false` it decides at once.
+    pub async fn assign_in_burst_order(
+        &self,
+        assign: &pb::AssignRequest,
+    ) -> Result<pb::AssignReply, BrainError> {
+        if self.defers(assign, self.clock.now_ms()) {
+            self.counters.burst_yields.fetch_add(1, Ordering::Relaxed);
+            for _ in 0..burst_order::DEFERRALS {
+                tokio::task::yield_now().await;
+            }
+        }
+        self.assign(assign, self.clock.now_ms())
+    }
+
+    /// Whether burst order is on and the policy gives `assign` no precedence.
+    fn defers(&self, assign: &pb::AssignRequest, now_ms: u64) -> bool {
+        if !self.burst_order {
             return false;
         }
         let Some(fp) = assign.request.as_ref().and_then(|r| r.fingerprint.as_ref()) else {
             return false;
         };
-        let yields = !lock(&self.policy).prefix_prefers_a_replica(&fp.blocks, now_ms);
-        if yields {
-            self.counters.burst_yields.fetch_add(1, Ordering::Relaxed);
-        }
-        yields
+        lock(&self.policy).precedence(&fp.blocks, now_ms) == Precedence::Anywhere
     }
 
     pub fn assign(
@@ -366,11 +372,7 @@ impl Brain {
             .unwrap_or_default();
         let cohort = found.cohort;
         let (choice, rate) = {
-            // Lock order: health, then policy (nothing takes them the other way round).
-            let health = lock(&self.health);
             let mut policy = lock(&self.policy);
-            health.apply(&mut policy, now_ms);
-            drop(health);
             let choice = policy.choose(&RouteRequest {
                 blocks: &fp.blocks,
                 cohort,
