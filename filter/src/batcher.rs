@@ -1,6 +1,9 @@
 //! What the filter says to the batcher and how it reads the answers, as pure functions:
-//! the `cohort.v1` messages built from a fingerprint, the batcher shard that owns a request,
-//! the headers an `AssignReply` becomes, and the per-VM outbox of observations.
+//! the `cohort.v1` messages built from a fingerprint (`Assign` requests, observations,
+//! progress reports and bypass audits), the batcher shard that owns a request, what an
+//! `Assign` answer becomes ([`assign_outcome`]: the headers to write, the cohort and replica
+//! to name, the fallback and counter on a timeout or an error, the progress ticket and the
+//! exemplar), and the per-VM outbox of observations.
 //!
 //! The proxy-wasm calls (`dispatch_grpc_call`, `open_grpc_stream`, …) live in `http.rs` and
 //! `root.rs`; everything they decide on is here and tested natively.
@@ -236,6 +239,167 @@ pub fn read_assign_reply(bytes: &[u8]) -> Result<Assignment, ReplyError> {
         ticket: reply.ticket,
         exemplar_wanted: reply.exemplar_wanted,
     })
+}
+
+/// gRPC status DEADLINE_EXCEEDED, which Envoy reports when the Assign deadline passes.
+pub const GRPC_DEADLINE_EXCEEDED: u32 = 4;
+
+/// How an `Assign` call ended, as the host reported it.
+#[derive(Debug, Clone, Copy)]
+pub struct AssignAnswer<'a> {
+    /// The call's gRPC status (0: OK).
+    pub grpc_status: u32,
+    /// The reply's bytes; read only when `grpc_status` is 0.
+    pub reply: &'a [u8],
+    /// From dispatching the call to its answer.
+    pub elapsed_us: u64,
+}
+
+/// Why an assigned request stayed routed by key (affinity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AssignFallback {
+    /// Envoy's deadline passed, or the call failed only after most of it.
+    Timeout,
+    /// The call failed, or its reply was unusable.
+    Error,
+}
+
+impl AssignFallback {
+    /// The name in the response header (`fallback=…`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AssignFallback::Timeout => "timeout",
+            AssignFallback::Error => "error",
+        }
+    }
+}
+
+/// The `cohort_assign_*` counter an answer bumps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AssignCounter {
+    Ok,
+    Timeout,
+    Error,
+}
+
+/// What an `Assign` answer does to its request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssignOutcome {
+    /// Request headers to write, in order, before routing again; empty on a fallback.
+    pub headers: Vec<(String, String)>,
+    /// The cohort for the response header: the batcher's when it named one, else the key's.
+    pub cluster: String,
+    /// The replica the batcher assigned; `None` on a fallback.
+    pub shard: Option<String>,
+    /// Why the request stays routed by key; `None` when it was assigned.
+    pub fallback: Option<AssignFallback>,
+    /// The ticket to report the request's progress under (observations on, and the
+    /// batcher asked for progress).
+    pub progress_ticket: Option<u64>,
+    /// Whether the kept body goes to the batcher as its cohort's exemplar.
+    pub send_exemplar: bool,
+}
+
+impl AssignOutcome {
+    /// A request left routed by key (cohort `key_cluster`) for `why`.
+    pub fn fell_back(key_cluster: &str, why: AssignFallback) -> AssignOutcome {
+        AssignOutcome {
+            headers: Vec::new(),
+            cluster: key_cluster.to_owned(),
+            shard: None,
+            fallback: Some(why),
+            progress_ticket: None,
+            send_exemplar: false,
+        }
+    }
+
+    /// The counter this outcome bumps.
+    pub fn counter(&self) -> AssignCounter {
+        match self.fallback {
+            None => AssignCounter::Ok,
+            Some(AssignFallback::Timeout) => AssignCounter::Timeout,
+            Some(AssignFallback::Error) => AssignCounter::Error,
+        }
+    }
+}
+
+/// Decides what an `Assign` answer becomes: the headers to write and the outcome to record.
+///
+/// `key_cluster` is the cohort the request was routed by before it asked; `shard_index` is
+/// its batcher shard; `kept_body` is the body kept for a possible exemplar (empty where it
+/// cannot become one).
+///
+/// A failed call is a timeout when Envoy says DEADLINE_EXCEEDED or when it took three
+/// quarters of the deadline or more (Envoy arms its timers from the event loop's cached
+/// time, so a busy loop fires them a few milliseconds early; a batcher that is down fails
+/// within a millisecond); any other failure, and a reply that is undecodable or names a
+/// replica or cohort that is not a plain name, is an error. An assigned request gets
+/// `x-cohort-shard`; in batch mode also the batch header (its batcher shard index), the
+/// prefetch header when a knob policy set the level, and the tenant header; and the cluster
+/// header when the batcher put it in a cohort.
+pub fn assign_outcome(
+    config: &FilterConfig,
+    plan: &RequestPlan,
+    key_cluster: &str,
+    shard_index: usize,
+    answer: AssignAnswer<'_>,
+    kept_body: &[u8],
+) -> AssignOutcome {
+    let fallback = |why| AssignOutcome::fell_back(key_cluster, why);
+    if answer.grpc_status != 0 {
+        let deadline_us = config.assign_deadline_ms.saturating_mul(1000);
+        let took_the_deadline =
+            answer.elapsed_us.saturating_mul(4) >= deadline_us.saturating_mul(3);
+        // Envoy reports its own Assign timeout as DEADLINE_EXCEEDED; any other failure
+        // that took the whole deadline is a timeout too (a frozen or overloaded batcher).
+        if answer.grpc_status == GRPC_DEADLINE_EXCEEDED || took_the_deadline {
+            return fallback(AssignFallback::Timeout);
+        }
+        log::debug!(
+            "cohort: Assign failed with grpc status {}",
+            answer.grpc_status
+        );
+        return fallback(AssignFallback::Error);
+    }
+    let assignment = match read_assign_reply(answer.reply) {
+        Ok(assignment) => assignment,
+        Err(e) => {
+            log::debug!("cohort: {e}");
+            return fallback(AssignFallback::Error);
+        }
+    };
+    let mut headers = vec![(config.headers.shard.clone(), assignment.shard.clone())];
+    if config.mode == Mode::Batch {
+        headers.push((config.headers.batch.clone(), shard_index.to_string()));
+        // With a knob policy, the front warms predicted cohorts at the level it let this
+        // request have, not at whatever the client sent (without one, the front applies
+        // its own `[knobs]` to the client's header).
+        if config.has_knob_policy() {
+            headers.push((
+                config.headers.prefetch.clone(),
+                plan.knobs.knobs.prefetch.as_str().to_owned(),
+            ));
+        }
+        // The front salts engine caches per tenant (vLLM `cache_salt`): hand it the tenant
+        // the mesh established (a client's value was removed).
+        if let Some(tenant) = &plan.tenant {
+            headers.push((config.tenant_header.clone(), tenant.clone()));
+        }
+    }
+    let cluster = if assignment.cluster.is_empty() {
+        key_cluster.to_owned()
+    } else {
+        headers.push((config.headers.cluster.clone(), assignment.cluster.clone()));
+        assignment.cluster
+    };
+    AssignOutcome {
+        headers,
+        cluster,
+        progress_ticket: (config.observe && assignment.ticket != 0).then_some(assignment.ticket),
+        send_exemplar: assignment.exemplar_wanted && !kept_body.is_empty(),
+        shard: Some(assignment.shard),
+        fallback: None,
+    }
 }
 
 /// Whether a shard's `Observe` stream is open.
@@ -513,6 +677,272 @@ mod tests {
         let p = o.progress.unwrap();
         assert_eq!((p.ticket, p.status, p.elapsed_ms), (9, 503, 120));
         assert_eq!(p.phase(), pb::request_progress::Phase::End);
+    }
+
+    const KEY_CLUSTER: &str = "key-cohort";
+
+    fn parsed(json: &str) -> FilterConfig {
+        FilterConfig::parse(json.as_bytes()).unwrap()
+    }
+
+    fn assign_config() -> FilterConfig {
+        parsed(r#"{"mode":"assign","batcher_clusters":["b0","b1"]}"#)
+    }
+
+    fn batch_config() -> FilterConfig {
+        parsed(r#"{"mode":"batch","batcher_clusters":["b0","b1"]}"#)
+    }
+
+    fn reply(shard: &str, cluster: &str, ticket: u64, exemplar_wanted: bool) -> Vec<u8> {
+        prost::Message::encode_to_vec(&pb::AssignReply {
+            shard: shard.into(),
+            cluster: cluster.into(),
+            matched_blocks: 3,
+            reason: "prefix".into(),
+            ticket,
+            exemplar_wanted,
+        })
+    }
+
+    fn answered(reply: &[u8]) -> AssignAnswer<'_> {
+        AssignAnswer {
+            grpc_status: 0,
+            reply,
+            elapsed_us: 1_000,
+        }
+    }
+
+    fn failed(grpc_status: u32, elapsed_us: u64) -> AssignAnswer<'static> {
+        AssignAnswer {
+            grpc_status,
+            reply: &[],
+            elapsed_us,
+        }
+    }
+
+    /// The outcome of `answer` for BODY's plan under `config`, at batcher shard 1.
+    fn outcome(config: &FilterConfig, answer: AssignAnswer<'_>) -> AssignOutcome {
+        let (plan, _) = fingerprinted(config, BODY);
+        assign_outcome(config, &plan, KEY_CLUSTER, 1, answer, BODY.as_bytes())
+    }
+
+    fn header<'a>(outcome: &'a AssignOutcome, name: &str) -> Option<&'a str> {
+        outcome
+            .headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A fallback: routed by key, nothing written, nothing reported.
+    fn assert_fell_back(outcome: &AssignOutcome, why: AssignFallback) {
+        assert_eq!(outcome.fallback, Some(why), "{outcome:?}");
+        assert!(outcome.headers.is_empty(), "{outcome:?}");
+        assert_eq!(outcome.shard, None);
+        assert_eq!(outcome.cluster, KEY_CLUSTER);
+        assert_eq!(outcome.progress_ticket, None);
+        assert!(!outcome.send_exemplar);
+    }
+
+    #[test]
+    fn deadline_exceeded_and_slow_failures_are_timeouts() {
+        let config = assign_config();
+        assert_eq!(config.assign_deadline_ms, 25);
+        let timeout = outcome(&config, failed(GRPC_DEADLINE_EXCEEDED, 1_000));
+        assert_fell_back(&timeout, AssignFallback::Timeout);
+        assert_eq!(timeout.counter(), AssignCounter::Timeout);
+        assert_eq!(AssignFallback::Timeout.as_str(), "timeout");
+        // UNAVAILABLE after three quarters of the 25 ms deadline counts as the deadline.
+        let slow = outcome(&config, failed(14, 18_750));
+        assert_fell_back(&slow, AssignFallback::Timeout);
+        assert_eq!(slow.counter(), AssignCounter::Timeout);
+    }
+
+    #[test]
+    fn fast_failures_are_errors() {
+        let config = assign_config();
+        for elapsed_us in [0, 1_000, 18_749] {
+            let failed = outcome(&config, failed(14, elapsed_us));
+            assert_fell_back(&failed, AssignFallback::Error);
+            assert_eq!(failed.counter(), AssignCounter::Error);
+        }
+        assert_eq!(AssignFallback::Error.as_str(), "error");
+    }
+
+    #[test]
+    fn a_slow_answer_that_succeeded_is_used() {
+        let config = assign_config();
+        let bytes = reply("replica-1", "", 0, false);
+        let late = AssignAnswer {
+            elapsed_us: 30_000,
+            ..answered(&bytes)
+        };
+        let assigned = outcome(&config, late);
+        assert_eq!(assigned.fallback, None);
+        assert_eq!(assigned.shard.as_deref(), Some("replica-1"));
+    }
+
+    #[test]
+    fn an_undecodable_reply_is_an_error() {
+        let config = assign_config();
+        let garbled = outcome(&config, answered(&[0xff, 0xff, 0xff]));
+        assert_fell_back(&garbled, AssignFallback::Error);
+        assert_eq!(garbled.counter(), AssignCounter::Error);
+    }
+
+    #[test]
+    fn a_reply_naming_an_unknown_replica_is_an_error() {
+        let config = assign_config();
+        for shard in ["a b", "../x", "", "r1\r\nx-evil: 1"] {
+            let bytes = reply(shard, "0000002a", 7, true);
+            let unknown = outcome(&config, answered(&bytes));
+            assert_fell_back(&unknown, AssignFallback::Error);
+            assert_eq!(unknown.counter(), AssignCounter::Error);
+        }
+    }
+
+    #[test]
+    fn a_reply_naming_a_bad_cohort_is_an_error() {
+        let config = batch_config();
+        let bytes = reply("replica-1", "a b", 7, true);
+        let bad = outcome(&config, answered(&bytes));
+        assert_fell_back(&bad, AssignFallback::Error);
+        assert_eq!(bad.counter(), AssignCounter::Error);
+    }
+
+    #[test]
+    fn an_assigned_request_names_its_replica_and_cohort() {
+        let config = assign_config();
+        let names = &config.headers;
+        let bytes = reply("replica-1", "0000002a", 0, false);
+        let assigned = outcome(&config, answered(&bytes));
+        assert_eq!(
+            assigned.headers,
+            vec![
+                (names.shard.clone(), "replica-1".to_owned()),
+                (names.cluster.clone(), "0000002a".to_owned()),
+            ],
+            "no batch, prefetch or tenant header in assign mode"
+        );
+        assert_eq!(assigned.cluster, "0000002a");
+        assert_eq!(assigned.shard.as_deref(), Some("replica-1"));
+        assert_eq!(assigned.fallback, None);
+        assert_eq!(assigned.counter(), AssignCounter::Ok);
+        // No cohort from the batcher: the key's stays, and no cluster header is written.
+        let bytes = reply("replica-1", "", 0, false);
+        let uncohorted = outcome(&config, answered(&bytes));
+        assert_eq!(
+            uncohorted.headers,
+            vec![(names.shard.clone(), "replica-1".to_owned())]
+        );
+        assert_eq!(uncohorted.cluster, KEY_CLUSTER);
+        assert_eq!(uncohorted.counter(), AssignCounter::Ok);
+    }
+
+    #[test]
+    fn batch_mode_marks_the_batcher_shard_index() {
+        let config = batch_config();
+        let (plan, _) = fingerprinted(&config, BODY);
+        let bytes = reply("replica-1", "0000002a", 0, false);
+        for index in [0, 1] {
+            let assigned =
+                assign_outcome(&config, &plan, KEY_CLUSTER, index, answered(&bytes), b"");
+            let names = &config.headers;
+            assert_eq!(
+                assigned.headers,
+                vec![
+                    (names.shard.clone(), "replica-1".to_owned()),
+                    (names.batch.clone(), index.to_string()),
+                    (config.tenant_header.clone(), "tenant-a".to_owned()),
+                    (names.cluster.clone(), "0000002a".to_owned()),
+                ],
+                "without a knob policy, no prefetch header"
+            );
+        }
+    }
+
+    #[test]
+    fn batch_mode_names_the_prefetch_level_only_with_a_knob_policy() {
+        let knobs = r#""knobs":{"global":{"prefetch":"low"}}"#;
+        let config = parsed(&format!(
+            r#"{{"mode":"batch","batcher_clusters":["b0","b1"],{knobs}}}"#
+        ));
+        assert!(config.has_knob_policy());
+        let bytes = reply("replica-1", "0000002a", 0, false);
+        let assigned = outcome(&config, answered(&bytes));
+        let names: Vec<&str> = assigned.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                config.headers.shard.as_str(),
+                config.headers.batch.as_str(),
+                config.headers.prefetch.as_str(),
+                config.tenant_header.as_str(),
+                config.headers.cluster.as_str(),
+            ]
+        );
+        assert_eq!(header(&assigned, &config.headers.prefetch), Some("low"));
+        // Assign mode never writes it, policy or not.
+        let assign = parsed(&format!(
+            r#"{{"mode":"assign","batcher_clusters":["b0","b1"],{knobs}}}"#
+        ));
+        let assigned = outcome(&assign, answered(&bytes));
+        assert_eq!(header(&assigned, &assign.headers.prefetch), None);
+        assert_eq!(header(&assigned, &assign.headers.batch), None);
+    }
+
+    #[test]
+    fn batch_mode_hands_the_front_the_tenant() {
+        let config = batch_config();
+        let bytes = reply("replica-1", "", 0, false);
+        let (mut plan, _) = fingerprinted(&config, BODY);
+        let with = assign_outcome(&config, &plan, KEY_CLUSTER, 0, answered(&bytes), b"");
+        assert_eq!(header(&with, &config.tenant_header), Some("tenant-a"));
+        plan.tenant = None;
+        let without = assign_outcome(&config, &plan, KEY_CLUSTER, 0, answered(&bytes), b"");
+        assert_eq!(header(&without, &config.tenant_header), None);
+        assert_eq!(header(&without, &config.headers.batch), Some("0"));
+        let assign = assign_config();
+        let (plan, _) = fingerprinted(&assign, BODY);
+        let assigned = assign_outcome(&assign, &plan, KEY_CLUSTER, 0, answered(&bytes), b"");
+        assert_eq!(header(&assigned, &assign.tenant_header), None);
+    }
+
+    #[test]
+    fn progress_is_reported_only_when_observing_and_the_batcher_asked() {
+        let observing = assign_config();
+        assert!(observing.observe);
+        let mut quiet = assign_config();
+        quiet.observe = false;
+        let ticketed = reply("replica-1", "", 77, false);
+        let unticketed = reply("replica-1", "", 0, false);
+        let ticket =
+            |config: &FilterConfig, bytes: &[u8]| outcome(config, answered(bytes)).progress_ticket;
+        assert_eq!(ticket(&observing, &ticketed), Some(77));
+        assert_eq!(ticket(&quiet, &ticketed), None);
+        assert_eq!(ticket(&observing, &unticketed), None);
+    }
+
+    #[test]
+    fn the_exemplar_goes_only_when_wanted_and_kept() {
+        let config = assign_config();
+        let (plan, _) = fingerprinted(&config, BODY);
+        let send = |wanted: bool, kept: &[u8]| {
+            let bytes = reply("replica-1", "", 5, wanted);
+            assign_outcome(&config, &plan, KEY_CLUSTER, 0, answered(&bytes), kept).send_exemplar
+        };
+        assert!(send(true, BODY.as_bytes()));
+        assert!(!send(true, b""), "a body not kept cannot be sent");
+        assert!(!send(false, BODY.as_bytes()));
+        let timeout = assign_outcome(
+            &config,
+            &plan,
+            KEY_CLUSTER,
+            0,
+            failed(GRPC_DEADLINE_EXCEEDED, 0),
+            BODY.as_bytes(),
+        );
+        assert!(!timeout.send_exemplar);
     }
 
     fn obs(n: u64) -> pb::Observation {

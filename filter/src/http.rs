@@ -13,12 +13,12 @@
 //! again; a timeout, an error or an unusable reply leaves it routed by key (affinity), counted.
 //! Either way the request's observation is queued for the root context to stream.
 
-use crate::batcher;
+use crate::batcher::{self, AssignCounter, AssignFallback, AssignOutcome};
 use crate::breaker::{self, Group};
 use crate::config::{FilterConfig, Mode};
 use crate::decision::{self, reason, Admission, HeadersVerdict, RequestPlan, Routing};
 use crate::learned_table::SharedTable;
-use crate::root::{unix_ms, Shared};
+use crate::shared::{unix_ms, Shared};
 use cohort_fingerprint::{IntentSketch, CODEBOOK_VERSION, SKETCH_VERSION};
 use cohort_proto as pb;
 use log::debug;
@@ -27,9 +27,6 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType};
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
-
-/// gRPC status DEADLINE_EXCEEDED, which Envoy reports when the Assign deadline passes.
-const GRPC_DEADLINE_EXCEEDED: u32 = 4;
 
 /// A request waiting for the batcher's answer.
 struct Assigning {
@@ -55,7 +52,7 @@ enum State {
     Routed {
         cluster: String,
         shard: Option<String>,
-        fallback: Option<&'static str>,
+        fallback: Option<AssignFallback>,
     },
     /// Passed through untouched for this reason.
     Bypassed(&'static str),
@@ -336,7 +333,7 @@ impl CohortHttp {
                     self.state = State::Routed {
                         cluster: routing.cluster,
                         shard: None,
-                        fallback: Some("error"),
+                        fallback: Some(AssignFallback::Error),
                     };
                     return Action::Continue;
                 }
@@ -429,100 +426,62 @@ impl Context for CohortHttp {
         if let Some(stats) = stats {
             stats.record(stats.assign_us, elapsed_us);
         }
-        let deadline_us = shared
-            .config
-            .as_ref()
-            .map_or(u64::MAX, |c| c.assign_deadline_ms * 1000);
-        // Envoy arms its timers from the event loop's cached time, so a busy loop fires
-        // them early by a few milliseconds: three quarters of the deadline counts as all
-        // of it (a batcher that is down fails within a millisecond).
-        let took_the_deadline = elapsed_us.saturating_mul(4) >= deadline_us.saturating_mul(3);
+        // Only an answered call has a reply to read.
         let reply = if status_code == 0 {
-            let bytes = hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, response_size)
+            hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, response_size)
                 .ok()
                 .flatten()
-                .unwrap_or_default();
-            batcher::read_assign_reply(&bytes).map_err(|e| {
-                debug!("cohort: {e}");
-                "error"
-            })
-        } else if status_code == GRPC_DEADLINE_EXCEEDED || took_the_deadline {
-            // Envoy reports its own Assign timeout as DEADLINE_EXCEEDED; any other failure
-            // that took the whole deadline is a timeout too (a frozen or overloaded
-            // batcher), not an error.
-            Err("timeout")
+                .unwrap_or_default()
         } else {
-            debug!("cohort: Assign failed with grpc status {status_code}");
-            Err("error")
+            Vec::new()
         };
-        let mut cluster = routing.cluster.clone();
-        let mut exemplar = Vec::new();
-        let (shard, fallback) = match (reply, shared.config.as_ref()) {
-            (Ok(assignment), Ok(config)) => {
-                if assignment.exemplar_wanted && !body.is_empty() {
-                    exemplar = body;
-                }
-                let mut headers = vec![(config.headers.shard.clone(), assignment.shard.clone())];
-                if config.mode == Mode::Batch {
-                    headers.push((config.headers.batch.clone(), shard_index.to_string()));
-                    // With a knob policy, the front warms predicted cohorts at the level it
-                    // let this request have, not at whatever the client sent (without one,
-                    // the front applies its own `[knobs]` to the client's header).
-                    if config.has_knob_policy() {
-                        headers.push((
-                            config.headers.prefetch.clone(),
-                            plan.knobs.knobs.prefetch.as_str().to_owned(),
-                        ));
-                    }
-                    // The front salts engine caches per tenant (vLLM `cache_salt`): hand it
-                    // the tenant the mesh established (a client's value was removed).
-                    if let Some(tenant) = &plan.tenant {
-                        headers.push((config.tenant_header.clone(), tenant.clone()));
-                    }
-                }
-                if !assignment.cluster.is_empty() {
-                    cluster = assignment.cluster.clone();
-                    headers.push((config.headers.cluster.clone(), assignment.cluster));
-                }
-                if config.observe && assignment.ticket != 0 {
-                    self.progress = Some(Progress {
-                        ticket: assignment.ticket,
-                        shard: assignment.shard.clone(),
-                        shard_index,
-                        since: self.get_current_time(),
-                        first_byte_reported: false,
-                    });
-                }
-                self.write_headers(&headers);
-                if let Some(stats) = stats {
-                    stats.inc(stats.assign_ok);
-                }
-                (Some(assignment.shard), None)
+        let answer = batcher::AssignAnswer {
+            grpc_status: status_code,
+            reply: &reply,
+            elapsed_us,
+        };
+        let outcome = match &shared.config {
+            Ok(config) => {
+                batcher::assign_outcome(config, &plan, &routing.cluster, shard_index, answer, &body)
             }
-            (reply, _) => {
-                let fallback = reply.err().unwrap_or("error");
-                if let Some(stats) = stats {
-                    let id = if fallback == "timeout" {
-                        stats.assign_timeout
-                    } else {
-                        stats.assign_error
-                    };
-                    stats.inc(id);
-                }
-                (None, Some(fallback))
-            }
+            // Not reached: a request waits for Assign only under a valid configuration.
+            Err(_) => AssignOutcome::fell_back(&routing.cluster, AssignFallback::Error),
+        };
+        if let (Some(ticket), Some(shard)) = (outcome.progress_ticket, &outcome.shard) {
+            self.progress = Some(Progress {
+                ticket,
+                shard: shard.clone(),
+                shard_index,
+                since: self.get_current_time(),
+                first_byte_reported: false,
+            });
+        }
+        if outcome.fallback.is_none() {
+            self.write_headers(&outcome.headers);
+        }
+        if let Some(stats) = stats {
+            stats.inc(match outcome.counter() {
+                AssignCounter::Ok => stats.assign_ok,
+                AssignCounter::Timeout => stats.assign_timeout,
+                AssignCounter::Error => stats.assign_error,
+            });
+        }
+        let exemplar = if outcome.send_exemplar {
+            body
+        } else {
+            Vec::new()
         };
         self.observe(
             &plan,
             &routing,
             Some(shard_index),
-            shard.as_deref(),
+            outcome.shard.as_deref(),
             exemplar,
         );
         self.state = State::Routed {
-            cluster,
-            shard,
-            fallback,
+            cluster: outcome.cluster,
+            shard: outcome.shard,
+            fallback: outcome.fallback,
         };
         let _ = hostcalls::resume_http_request();
     }
@@ -647,7 +606,8 @@ impl HttpContext for CohortHttp {
                 fallback: Some(why),
                 ..
             } => format!(
-                "mode=affinity; cluster={cluster}; fallback={why}; sketch=v{SKETCH_VERSION}; codebook=v{CODEBOOK_VERSION}"
+                "mode=affinity; cluster={cluster}; fallback={}; sketch=v{SKETCH_VERSION}; codebook=v{CODEBOOK_VERSION}",
+                why.as_str()
             ),
             State::Routed { cluster, .. } => {
                 format!("mode=affinity; cluster={cluster}; sketch=v{SKETCH_VERSION}; codebook=v{CODEBOOK_VERSION}")

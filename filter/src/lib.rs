@@ -6,13 +6,17 @@
 //!
 //! - [`config`]: the plugin configuration (JSON), defaults and validation;
 //! - [`decision`]: what to do with a request, as pure functions (tested natively);
-//! - [`batcher`]: the `cohort.v1` messages, shard choice and observation outbox (pure);
+//! - [`batcher`]: the `cohort.v1` messages, shard choice, what an `Assign` answer becomes
+//!   (headers, fallback, counter) and the observation outbox (pure);
 //! - [`rollout`]: the sampled share of users Cohort acts on, and the hold-out (pure);
 //! - [`breaker`]: the automatic breaker that compares the two and switches Cohort off (pure);
 //! - `stats`: the Envoy counters and histograms (`cohort_*`);
+//! - `shared`: what the root context hands every HTTP context of its VM (configuration,
+//!   stats, outbox, this worker's breaker outcomes), and the host clock in Unix ms;
 //! - `root`: per-VM setup (configuration, stats), the `Observe` streams, and folding this
 //!   worker's outcomes into the breaker all workers share;
-//! - `http`: per-request glue between Envoy's callbacks and [`decision`], and `Assign`;
+//! - `http`: per-request glue between Envoy's callbacks, [`decision`] and [`batcher`]:
+//!   buffering, dispatching `Assign` and writing what its answer became;
 //! - `learned_table`: the learned cohorts' table in Envoy's shared data.
 //!
 //! The proxy-wasm glue is compiled for wasm32 only; the pure modules build everywhere.
@@ -29,6 +33,8 @@ mod http;
 mod learned_table;
 #[cfg(target_arch = "wasm32")]
 mod root;
+#[cfg(target_arch = "wasm32")]
+mod shared;
 #[cfg(target_arch = "wasm32")]
 mod stats;
 

@@ -1,5 +1,6 @@
 //! The root context: reads the plugin configuration and defines the stats, once per VM,
-//! hands both to every HTTP context, and drains the observation outbox into the batcher.
+//! hands both to every HTTP context (in [`Shared`]), and drains the observation outbox into
+//! the batcher.
 //!
 //! Envoy runs one VM per worker thread (and one on the main thread); each has its own
 //! root context, so this runs on each. Defining a metric that exists returns its id.
@@ -15,9 +16,10 @@
 //! all workers share (proxy-wasm shared data, compare-and-swap) and reads the state back.
 
 use crate::batcher::{Closed, Flush, Outbox};
-use crate::breaker::{self, Breaker, Window};
+use crate::breaker::{self, Breaker};
 use crate::config::FilterConfig;
 use crate::http::CohortHttp;
+use crate::shared::{unix_ms, BreakerLocal, Shared};
 use crate::stats::{Sampler, Stats};
 use cohort_proto as pb;
 use log::{error, info, warn};
@@ -26,7 +28,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, Status};
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 /// How often queued observations are sent.
 const OBSERVE_TICK: Duration = Duration::from_millis(20);
@@ -36,39 +38,6 @@ const BREAKER_TICK: Duration = Duration::from_millis(100);
 pub const BREAKER_SYNC: Duration = Duration::from_millis(500);
 /// Tries of one fold against concurrent writers before keeping the outcomes for later.
 const CAS_TRIES: usize = 8;
-
-/// This VM's side of the breaker.
-#[derive(Default)]
-pub struct BreakerLocal {
-    /// The state as last read from the shared breaker.
-    pub state: breaker::State,
-    /// Outcomes recorded since the last fold.
-    pub pending: Window,
-    /// The shared-data key (one breaker per plugin).
-    key: String,
-    next_sync_ms: u64,
-}
-
-/// What every HTTP context of this VM shares.
-pub struct Shared {
-    /// The configuration, or why it was refused (then everything passes through).
-    pub config: Result<FilterConfig, String>,
-    /// `None` only if the host refused to define metrics; requests still flow.
-    pub stats: Option<Stats>,
-    /// Which fingerprinted requests are timed for the histograms.
-    pub histogram_sampler: Sampler,
-    /// Observations waiting for the root context to send them, per batcher shard.
-    pub outbox: RefCell<Outbox>,
-    pub breaker: RefCell<BreakerLocal>,
-    /// The shared-data key of the learned cohorts' table (one per plugin).
-    pub learned_key: String,
-}
-
-/// Milliseconds since the Unix epoch from the host's clock.
-pub fn unix_ms(now: std::time::SystemTime) -> u64 {
-    now.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 pub struct CohortRoot {
     shared: Rc<Shared>,
