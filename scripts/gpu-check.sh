@@ -11,7 +11,7 @@
 # --parity-only, --no-parity, --no-ivf).
 #
 # Then, when the batcher binary built with the GPU store is there (COHORT_BIN, default
-# target/release/cohort, from `cargo build --release --locked -p cohort-batcher --features
+# target/release/cohort, from `cargo build --release --locked -p cohort-cli --features
 # cuda`), the decision-path benchmark with --store gpu and, for comparison, --store cpu on
 # the same machine (docs/GPU-STORE.md, "The decision path"). With GPU_CHECK_PROFILE=1, Nsight
 # Compute's summary of one exact top-k scan (5 M entries, batch 4096), where ncu is installed

@@ -24,7 +24,7 @@ ENVOY = os.path.join(BIN, "envoy")
 MODEL = os.path.join(ROOT, ".cohort/models/gemma-3-270m-q4_k_m.gguf")
 TEMPLATE = os.path.join(ROOT, "data/engines/gemma_chat_template.jinja")
 FILTER = os.path.join(ROOT, "target/wasm/cohort_filter.wasm")
-# The batcher built from this checkout (`cargo build --release -p cohort-batcher`), not the
+# The batcher built from this checkout (`cargo build --release -p cohort-cli`), not the
 # copy scripts/setup installed, which may be stale.
 COHORT = os.path.join(ROOT, "target/release/cohort")
 

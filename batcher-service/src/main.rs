@@ -13,7 +13,7 @@ mod audit;
 mod clock;
 mod commands;
 mod config;
-mod engines;
+mod fleet;
 mod front;
 mod metrics;
 mod serve;

@@ -3,7 +3,7 @@
 //! | layer | modules | may use |
 //! |---|---|---|
 //! | 0 | `audit`, `clock`, `config`, `metrics` | nothing of the binary |
-//! | 1 | `engines` | layer 0 |
+//! | 1 | `fleet` | layer 0 |
 //! | 2 | `front` | layers 0–1 |
 //! | 3 | `serve` | layers 0–2 |
 //! | 4 | `commands` | everything |
@@ -20,7 +20,7 @@ const LAYERS: [(&str, u8); 9] = [
     ("clock", 0),
     ("config", 0),
     ("metrics", 0),
-    ("engines", 1),
+    ("fleet", 1),
     ("front", 2),
     ("serve", 3),
     ("commands", 4),
@@ -155,9 +155,9 @@ fn modules_depend_downwards_only() {
 
 #[test]
 fn the_check_sees_paths_and_groups() {
-    let text = "use crate::{config::X, engines};\nlet f = crate::front::Front::new();\nlet g = my_crate::serve;";
+    let text = "use crate::{config::X, fleet};\nlet f = crate::front::Front::new();\nlet g = my_crate::serve;";
     let names: Vec<_> = paths_after(text, "crate::").into_iter().collect();
-    assert_eq!(names, ["config", "engines", "front"]);
+    assert_eq!(names, ["config", "fleet", "front"]);
     assert_eq!(layer("front"), Some(2));
     assert_eq!(layer("nowhere"), None);
 }

@@ -322,7 +322,7 @@ def main(argv=None):
         Progress = None
     for need in (stack.ENVOY, stack.FILTER, stack.COHORT) + ((stack.LLAMA, stack.MODEL) if args.engine == "llama" else ()):
         if not os.path.exists(need):
-            raise SystemExit(f"{need} missing: run scripts/setup, scripts/build-wasm, cargo build --release -p cohort-batcher")
+            raise SystemExit(f"{need} missing: run scripts/setup, scripts/build-wasm, cargo build --release -p cohort-cli")
     os.makedirs(args.out, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="cohort-bench-peers-")
     calibration = load_calibration() if args.engine == "sim" else None

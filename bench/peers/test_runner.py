@@ -9,7 +9,7 @@ client, the contenders, the report) is Python, and `scripts/test` runs this fold
 assertions are about correctness (no request lost, every record complete, round-robin uses
 every replica, affinity keeps most of each prompt group at home, the engines' counters move),
 not speed; the whole test is bounded by a few seconds of arrivals and the runner's timeouts.
-Needs `cargo build --release -p cohort-batcher`, scripts/build-wasm and Envoy (scripts/setup).
+Needs `cargo build --release -p cohort-cli`, scripts/build-wasm and Envoy (scripts/setup).
 """
 import collections
 import json

@@ -21,7 +21,7 @@ pub fn binary() -> PathBuf {
         .expect("target directory");
     assert!(
         path.exists(),
-        "{}: not built; run `cargo build -p cohort-batcher` (cargo test --workspace does)",
+        "{}: not built; run `cargo build -p cohort-cli` (cargo test --workspace does)",
         path.display()
     );
     path

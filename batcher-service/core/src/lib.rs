@@ -7,11 +7,11 @@
 //! - [`batch`]: co-batching (which requests share a dispatch, and when each goes).
 //! - [`engines`]: engine adapters (llama.cpp, vLLM, SGLang, TGI, OpenAI, Anthropic).
 //! - [`predict`]: which cohorts come next (for prefetch warm-ups).
-//! - [`score`]: batch-friendliness of prompt corpora and templates (`cohort score`, `cohort lint`).
-//! - [`replay`]: trace replays that measure the policy against bounds and baselines.
 //!
-//! The gRPC server, the HTTP endpoints and the CLI live in the `cohort-batcher` crate and
+//! The gRPC server, the HTTP endpoints and the CLI live in the `cohort-cli` crate and
 //! stay thin over this one, so every decision here is tested directly with injected time.
+//! Beside it, `cohort-score` measures the batch-friendliness of prompts (`cohort score`,
+//! `cohort lint`) and `cohort-replay` replays traces through the policy.
 
 pub mod batch;
 pub mod cohorts;
@@ -19,6 +19,4 @@ pub mod engines;
 pub mod neighbours;
 pub mod policy;
 pub mod predict;
-pub mod replay;
-pub mod score;
 pub mod store;

@@ -2,7 +2,7 @@
 //! run time), then time `top_k_batch` at a batch size for a while: queries/s, p99 latency
 //! per call, device bytes per entry, and the fraction of the int8 tensor peak.
 
-use crate::parity::Rng;
+use crate::rng::Rng;
 use cohort_batcher_core::store::{EntryMeta, Hit, SketchBytes, Store};
 use std::time::{Duration, Instant};
 

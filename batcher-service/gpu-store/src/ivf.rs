@@ -9,7 +9,7 @@
 //! docs/GPU-STORE.md.
 
 use crate::layout::{NO_SLOT, ROWS, WARP_Q};
-use crate::parity::Rng;
+use crate::rng::Rng;
 use cohort_batcher_core::store::{dot, SketchBytes};
 
 /// The work of one `topk_scan_lists` launch: item `i` is list `list[i]` with the queries

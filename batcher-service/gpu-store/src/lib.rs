@@ -10,7 +10,8 @@
 //! - `nvml` (feature `cuda`): the devices' utilisation through NVML, loaded at run time;
 //! - [`open`]: choose the store (`cpu` | `gpu`), falling back to the CPU store with a reason;
 //! - [`parity`]: the parity suite (GPU store against the CPU store) run by the tests and by
-//!   `gpu-check`; [`bench`]: the benchmark `gpu-check` prints.
+//!   `gpu-check`; [`bench`]: the benchmark `gpu-check` prints; [`rng`]: their deterministic
+//!   generator.
 //!
 //! See docs/GPU-STORE.md.
 
@@ -26,6 +27,7 @@ pub mod mirror;
 pub mod nvml;
 pub mod open;
 pub mod parity;
+pub mod rng;
 pub mod store;
 
 pub use backend::{Backend, DeviceError};

@@ -1,12 +1,12 @@
 //! The host mirror of one logical shard: which key holds which slot, the metadata the device
 //! does not keep, and eviction. It follows the CPU store's shard line for line (dense slots,
-//! append while under capacity, CLOCK victim from `cohort_batcher_core::store::clock`, swap
+//! append while under capacity, CLOCK victim from `cohort_batcher_core::store::clock_sweep`, swap
 //! removal), so a `GpuStore` and a `CpuStore` built from the same configuration hold the
 //! same entries after the same calls. Every change yields the device writes it implies.
 
 use crate::backend::SlotWrite;
 use crate::layout::pack_words;
-use cohort_batcher_core::store::clock::{clock_victim, Victim};
+use cohort_batcher_core::store::clock_sweep::{clock_victim, Victim};
 use cohort_batcher_core::store::{EntryMeta, SketchBytes};
 use std::collections::HashMap;
 

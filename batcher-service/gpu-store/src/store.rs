@@ -13,7 +13,7 @@ use crate::backend::{Backend, DeviceError, RawHit, SlotWrite};
 use crate::ivf::{kmeans, pack_lists, plan_items, probe_lists};
 use crate::layout::{pack_words, KMAX, MAX_LAUNCH_QUERIES, NO_SLOT};
 use crate::mirror::MirrorShard;
-use cohort_batcher_core::store::clock::shard_of;
+use cohort_batcher_core::store::clock_sweep::shard_of;
 use cohort_batcher_core::store::{
     is_live, CpuStoreConfig, EntryMeta, Hit, SketchBytes, Store, StoreStats, TopK,
 };

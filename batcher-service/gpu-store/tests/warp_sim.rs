@@ -10,7 +10,7 @@
 use cohort_batcher_core::store::{reference_top_k, EntryMeta, SketchBytes};
 use cohort_gpu_store::ivf::{pack_lists, plan_items};
 use cohort_gpu_store::layout::{pack_words, plan_scan, ROWS};
-use cohort_gpu_store::parity::Rng;
+use cohort_gpu_store::rng::Rng;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

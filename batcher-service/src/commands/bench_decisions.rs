@@ -27,7 +27,7 @@ use crate::serve::brain::{space, Brain};
 use anyhow::bail;
 use cohort_batcher_core::store::{EntryMeta, SketchBytes};
 use cohort_fingerprint::sketch::SKETCH_VERSION;
-use cohort_gpu_store::parity::Rng;
+use cohort_gpu_store::rng::Rng;
 use cohort_gpu_store::StoreKind;
 use cohort_proto as pb;
 use std::time::{Duration, Instant};

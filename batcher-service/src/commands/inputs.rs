@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
-use cohort_batcher_core::score::corpus::DEFAULT_BLOCK_BYTES;
-use cohort_batcher_core::score::DEFAULT_MIN_SCORE;
+use cohort_score::corpus::DEFAULT_BLOCK_BYTES;
+use cohort_score::DEFAULT_MIN_SCORE;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 

@@ -1,12 +1,12 @@
 //! `cohort lint`: checks prompt templates for what breaks prefix caching — variables
 //! before the fixed instructions, per-request values (dates, ids) early on, a shared
 //! prefix with little in it — and scores each 0–1
-//! ([`cohort_batcher_core::score::template`]). Exits 1 when a template scores below
+//! ([`cohort_score::template`]). Exits 1 when a template scores below
 //! `--min-score` (0.3), so a CI job can keep cache-hostile templates out.
 
 use super::inputs::{expand, verdict, Format, ScoreOptions};
 use anyhow::{Context, Result};
-use cohort_batcher_core::score::template::{analyse, TemplateReport, DEFAULT_VARIABLE_BYTES};
+use cohort_score::template::{analyse, TemplateReport, DEFAULT_VARIABLE_BYTES};
 use serde_json::json;
 use std::process::ExitCode;
 

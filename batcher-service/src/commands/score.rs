@@ -3,14 +3,14 @@
 //! Input: JSONL files (one API request body per line — chat, completions, responses,
 //! messages — or `{"text": …}`), or plain text files (each file one prompt). Prompts are
 //! grouped per file, or per value of a JSONL field with `--group-by` (a template id, a
-//! calling service). The score is [`cohort_batcher_core::score::corpus`]: prefix reuse
+//! calling service). The score is [`cohort_score::corpus`]: prefix reuse
 //! from the filter's block hashes and cohort concentration from its sketches. Exits 1
 //! when a group scores below `--min-score` (0.3).
 
 use super::inputs::{expand, verdict, Format, Progress, ScoreOptions};
 use anyhow::{Context, Result};
-use cohort_batcher_core::score::corpus::{chained_blocks, CorpusScore, CorpusScorer};
-use cohort_batcher_core::score::cost::CostModel;
+use cohort_score::corpus::{chained_blocks, CorpusScore, CorpusScorer};
+use cohort_score::cost::CostModel;
 use cohort_fingerprint::{api, IntentSketch, SemanticMode};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

@@ -82,7 +82,7 @@ pub use sections::{
 };
 pub use validate::ConfigError;
 
-use cohort_batcher_core::score::cost::CostModel;
+use cohort_score::cost::CostModel;
 use cohort_fingerprint::headers::HeaderNames;
 use cohort_fingerprint::knobs::policy::KnobPolicy;
 use serde::Deserialize;

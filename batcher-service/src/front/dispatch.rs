@@ -11,7 +11,7 @@
 
 use super::warm::{Busy, WarmPlan};
 use super::{lock, Front};
-use crate::engines::upstream::{Relay, UpstreamError};
+use crate::fleet::upstream::{Relay, UpstreamError};
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
 use cohort_batcher_core::batch::BatchId;

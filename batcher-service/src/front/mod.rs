@@ -29,7 +29,7 @@
 //! the listener closes; then held followers are released at once and every accepted
 //! request is answered.
 //!
-//! The engines themselves (health, load, the HTTP client) are [`crate::engines`]: the
+//! The engines themselves (health, load, the HTTP client) are [`crate::fleet`]: the
 //! front sends through that fleet and listens to its probes ([`EngineEvents`]). The front
 //! reads the configuration, the clock and the metrics leaf, and nothing of `serve`, which
 //! composes it.
@@ -47,7 +47,7 @@ mod warm;
 use crate::audit::AuditLog;
 use crate::clock::Clock;
 use crate::config::{BatchSection, ServeConfig};
-use crate::engines::{EngineEvents, Fleet};
+use crate::fleet::{EngineEvents, Fleet};
 use crate::metrics::{MetricSource, Scrape};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};

@@ -20,7 +20,7 @@ mod inspect;
 
 use crate::clock::Clock;
 use crate::config::ServeConfig;
-use crate::engines::{self, Fleet};
+use crate::fleet::{self, Fleet};
 use crate::front::Front;
 use crate::metrics::{Metrics, Scrape};
 use anyhow::Context as _;
@@ -93,7 +93,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         metrics.add(Arc::clone(&fleet) as _);
         // The probes tell the front (slots, adapters) and the brain (health and queues
         // for assign decisions).
-        front_tasks.extend(engines::probe::spawn(
+        front_tasks.extend(fleet::probe::spawn(
             fleet,
             vec![Arc::clone(&front) as _, Arc::clone(&brain) as _],
             stop_rx.clone(),

@@ -12,7 +12,7 @@
 //!
 //! Adapters never do I/O: they rewrite JSON bodies, name paths and parse text, so each is
 //! tested on recorded engine output (`tests/fixtures/engines/`). The front in
-//! `cohort-batcher` does the HTTP.
+//! `cohort-cli` does the HTTP.
 
 pub mod anthropic;
 pub mod llamacpp;

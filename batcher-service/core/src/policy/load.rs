@@ -25,7 +25,7 @@ pub enum Decay {
     /// Exponential decay with this half-life (ms): recently *assigned* work.
     HalfLife(u64),
     /// Linear drain at this many work units per ms, floored at 0: *outstanding* work of a
-    /// server executing at that rate (the replay's server model, see `crate::replay::sim`).
+    /// server executing at that rate (the replay's server model, the `cohort-replay` crate).
     Drain(f64),
 }
 

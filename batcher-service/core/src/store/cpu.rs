@@ -17,7 +17,7 @@
 //! this one 2,069–2,172/s; the machine is shared, so runs vary by ~5%). At batch 1 a query
 //! streams 40 MB (sketch + tenant + expiry of 1 M entries), ~11 GB/s, the core's memory
 //! bandwidth; at batch 64 the scan is compute bound on `vpmaddwd` (with the Cauchy–Schwarz
-//! pruning of the kernel, see `kernel`). So few query × tile pairs hold a candidate (under
+//! pruning of the kernel, see `simd_dot`). So few query × tile pairs hold a candidate (under
 //! 0.5% on clustered data) that the selection pass now walks only the tiles the kernel
 //! flags (a `u64` per query and page) instead of all 64 candidate bytes: that was the
 //! last 20%. Without AVX2 the portable kernel gives the same answers more slowly.
@@ -35,7 +35,7 @@
 //! Keys hash (splitmix64) to one of N shards, each behind its own `RwLock`: inserts lock
 //! one shard for writing, queries lock one shard at a time for reading, so concurrent
 //! handlers interleave. A shard holds its entries densely in pages of 512 slots, each page
-//! a structure of arrays: sketches in tiles of 8 (dimension-pair-major, see `kernel`), then
+//! a structure of arrays: sketches in tiles of 8 (dimension-pair-major, see `simd_dot`), then
 //! keys, tenants, expiry times, cohorts, replicas and one reference byte each — 55 bytes a
 //! slot. Pages are allocated one at a time (at most one partly used page per shard, and no
 //! reallocation copies while a lock is held). The key → slot index is an open-addressing
@@ -68,9 +68,9 @@
 //! page is read once per batch, which is where batching pays: at batch 1 a scan is bound
 //! by memory bandwidth, at batch 64 by `vpmaddwd`.
 
-use super::clock::{clock_victim, shard_capacities, shard_of, Victim};
+use super::clock_sweep::{clock_victim, shard_capacities, shard_of, Victim};
 use super::index::SlotIndex;
-use super::kernel::{self, pack_query, QueryPairs, Tile, TILE};
+use super::simd_dot::{self, pack_query, QueryPairs, Tile, TILE};
 use super::{EntryMeta, Hit, SketchBytes, Store, StoreStats, TopK};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -357,7 +357,7 @@ impl Shard {
                 break;
             }
             let mut masks = [0u8; TILES_PER_PAGE];
-            kernel::live_masks(&page.tenants, &page.expires, n, tenant, now_s, &mut masks);
+            simd_dot::live_masks(&page.tenants, &page.expires, n, tenant, now_s, &mut masks);
             let Some(first) = masks.iter().position(|&m| m != 0) else {
                 continue;
             };
@@ -367,7 +367,7 @@ impl Shard {
             for (queries, tops) in packed.chunks(QUERY_GROUP).zip(tops.chunks_mut(QUERY_GROUP)) {
                 buf.floors.clear();
                 buf.floors.extend(tops.iter().map(TopK::floor));
-                let ok = kernel::scores(
+                let ok = simd_dot::scores(
                     tiles,
                     queries,
                     &buf.floors,

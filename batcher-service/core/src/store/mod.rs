@@ -16,9 +16,9 @@
 //!   unique, so the answer is fully determined and [`reference_top_k`] states it.
 
 mod index;
-mod kernel;
+mod simd_dot;
 
-pub mod clock;
+pub mod clock_sweep;
 pub mod coalesce;
 pub mod cpu;
 

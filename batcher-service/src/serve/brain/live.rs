@@ -11,7 +11,7 @@
 //!   this batcher's own book shows (other shards' work).
 
 use super::{lock, Brain};
-use crate::engines::EngineEvents;
+use crate::fleet::EngineEvents;
 use cohort_batcher_core::engines::EngineMetrics;
 use cohort_proto as pb;
 use pb::request_progress::Phase;

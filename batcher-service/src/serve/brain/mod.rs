@@ -145,7 +145,7 @@ pub struct Brain {
     store_description: String,
     /// Per (tenant, route): what the effective-cost model reads.
     costs: Mutex<std::collections::HashMap<u64, CostCounts>>,
-    cost_model: cohort_batcher_core::score::cost::CostModel,
+    cost_model: cohort_score::cost::CostModel,
     /// The operator's knob defaults and bounds ([`Brain::knobs`]).
     knob_policy: KnobPolicy,
 }
@@ -1029,7 +1029,7 @@ mod tests {
         let with_penalty = |miss_penalty: f64| {
             let config = ServeConfig {
                 replicas: (0..2).map(|i| Replica::named(&format!("r{i}"))).collect(),
-                cost: cohort_batcher_core::score::cost::CostModel {
+                cost: cohort_score::cost::CostModel {
                     base: 1.0,
                     miss_penalty,
                 },

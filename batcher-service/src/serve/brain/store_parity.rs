@@ -10,7 +10,7 @@ use crate::config::{NeighbourSearch, Replica, ServeConfig};
 use cohort_batcher_core::store::{CpuStore, CpuStoreConfig, Store};
 use cohort_fingerprint::sketch::SKETCH_VERSION;
 use cohort_gpu_store::emu::EmuDevice;
-use cohort_gpu_store::parity::Rng;
+use cohort_gpu_store::rng::Rng;
 use cohort_gpu_store::GpuStore;
 use cohort_proto as pb;
 

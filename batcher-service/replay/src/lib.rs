@@ -19,7 +19,7 @@
 //! is the `replay` example's job:
 //!
 //! ```sh
-//! cargo run --release -p cohort-batcher-core --example replay -- data/traces/mooncake_conversation_trace.jsonl
+//! cargo run --release -p cohort-replay --example replay -- data/traces/mooncake_conversation_trace.jsonl
 //! ```
 //!
 //! Balance is measured two ways (definitions in [`sim`]): **arrival** windowed max/mean

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::policy::mix64;
+use cohort_batcher_core::policy::mix64;
 
 /// Tokens per block in Mooncake traces.
 pub const MOONCAKE_BLOCK_TOKENS: u32 = 512;

@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use cohort_batcher_core::replay::{
+use cohort_replay::{
     compare, frontier, load_trace, shard_sweep, Comparison, Contender, Fleet, TraceRequest,
     FRONTIER_BALANCES,
 };

@@ -1,7 +1,7 @@
 //! Prefix-routing replay of a Mooncake trace, printed as markdown tables.
 //!
 //! ```sh
-//! cargo run --release -p cohort-batcher-core --example replay -- data/traces/mooncake_conversation_trace.jsonl
+//! cargo run --release -p cohort-replay --example replay -- data/traces/mooncake_conversation_trace.jsonl
 //! ```
 //!
 //! For 4 and 8 replicas × total capacity 25% and 50% of the trace's distinct blocks: the
@@ -10,13 +10,13 @@
 //! engine load reports). Balance is printed both ways: *arrival* max/mean (work in its
 //! arrival window) and *served* max/mean (work executed per window by FIFO servers at
 //! the fleet's service rate μ, utilisation 0.7 at the pooled bound's work), with the mean
-//! and p99 queueing delay (see `cohort_batcher_core::replay::sim`).
+//! and p99 queueing delay (see `cohort_replay::sim`).
 
 use cohort_batcher_core::policy::ChoiceReason;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use cohort_batcher_core::replay::{
+use cohort_replay::{
     compare, frontier, load_trace, shard_sweep, standard_contenders, Bounds, Comparison, Fleet,
     FRONTIER_BALANCES, TARGET_UTILISATION,
 };
