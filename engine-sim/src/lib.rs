@@ -1,5 +1,5 @@
 //! `cohort engine-sim`: an OpenAI-compatible LLM engine simulator, for benchmarks at a scale
-//! the real engines on a 2-core box cannot reach (issue 8, "Benchmarks against the peers").
+//! the real engines on a 2-core box cannot reach (docs/BENCHMARKS.md).
 //!
 //! One process runs N independent replicas, each an HTTP server on its own port that answers
 //! like vLLM (`/v1/chat/completions`, `/v1/completions`, `/metrics` with vLLM's names,

@@ -8,7 +8,7 @@
 //! prompts and 0.1% of same-intent pairs shared one. `scripts/eval-sketch --grouping` has the
 //! full table beside MiniLM's own codebook.
 //!
-//! And learned cohorts ([`cohort_fingerprint::learned`]) beside the codebook on issue 20's
+//! And learned cohorts ([`cohort_fingerprint::learned`]) beside the codebook on the paraphrase
 //! set, the first 20 test prompts of each of the first 5 intents, interleaved: the least
 //! share of an intent in its largest cohort at each threshold; at the default, at least 80%
 //! where the codebook puts 20%. Run with `--nocapture` to see the numbers.
@@ -174,7 +174,7 @@ fn cohorts_of_different_semantic_modes_are_kept_apart() {
 }
 
 /// The first `per` prompts of each of the first `intents` intents, interleaved as traffic
-/// would bring them, with the intent's index (issue 20's set: 5 × 20).
+/// would bring them, with the intent's index (the paraphrase set: 5 × 20).
 fn interleaved(intents: usize, per: usize) -> Vec<(usize, String)> {
     let mut by_label: Vec<(String, Vec<String>)> = Vec::new();
     for (text, label) in banking77_test() {

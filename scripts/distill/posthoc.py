@@ -1,6 +1,6 @@
 """Post-hoc centring / whitening of the v2 sketch, fitted on the distillation corpus only.
 
-Why (issue 9, Banking77 below the 0.92 × MiniLM goal): the sketch's 32 dimensions share a
+Why (Banking77 below the 0.92 × MiniLM goal): the sketch's 32 dimensions share a
 common direction (every prompt looks a bit like "a prompt"), which cosine 1-NN pays for.
 This measures whether a fixed 32 × 32 transform applied after the runtime's integer sum
 would help: the Rust core's int8 sketches (`sketch_tool sketch 2 intent`) of the training

@@ -1,6 +1,6 @@
 """A codebook fitted on one tenant's own traffic: does it put each intent on one cohort?
 
-Why: issue 20 asks that 20 paraphrases of each of 5 intents land with >= 80% of each intent
+Why: the grouping goal asks that 20 paraphrases of each of 5 intents land with >= 80% of each intent
 in one cohort (so on one replica in affinity mode). The shipped codebook is fitted on
 general prompts and does not (docs/SKETCH.md). This fits the same spherical k-means
 (`vectors.kmeans`, best of three seeds by inertia) on Banking77's *training* prompts, as a

@@ -1,6 +1,6 @@
 """Training-side experiments for the v2 sketch table, and the ceilings they are bounded by.
 
-Why (issue 9: Banking77 1-NN 0.802 against the 0.847 = 0.92 × MiniLM goal): to tell how
+Why (Banking77 1-NN 0.802 against the 0.847 = 0.92 × MiniLM goal): to tell how
 much of the gap is the choice of 32 dimensions and how much the static bag-of-pieces
 student, and whether another target or corpus weighting moves either. Everything is
 fitted on the broad training corpus only (`corpus.py`); Banking77/HWU64 are read only to

@@ -156,7 +156,7 @@ fn assign_mode_warms_the_predicted_cohort_on_its_owner() {
         "the second walk's lookup predicted refund: {:?}",
         stack.warmups()
     );
-    // A third session's lookup: refund is warmed again on its owner, after the lookup's
+    // A third user session's lookup: refund is warmed again on its owner, after the lookup's
     // first byte.
     let before = stack.warmups().len();
     stack.send("t", "s3", "high", "Look up the customer's order.");

@@ -355,7 +355,7 @@ fn callers_hanging_up_mid_generation_leave_no_count_or_slot_behind() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    // A third session starts with lookup: refund's warm-up goes out on idle slots.
+    // A third user session starts with lookup: refund's warm-up goes out on idle slots.
     let issued = metric("cohort_prefetch_issued_total");
     let headers = [("x-cohort-session", "s3"), ("x-cohort-prefetch", "high")];
     assert_eq!(

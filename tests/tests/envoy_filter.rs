@@ -402,7 +402,7 @@ fn banking77_interleaved(intents: usize, per_intent: usize) -> Vec<(usize, Strin
 
 #[test]
 fn learned_cohorts_put_each_intent_on_one_replica() {
-    // Issue 20's test: through Envoy in affinity mode, with no system prompt, 20 paraphrases
+    // Through Envoy in affinity mode, with no system prompt, 20 paraphrases
     // of each of 5 intents. With `learned_cohorts` the filter's leader clustering
     // (fingerprint/src/learned.rs, in Envoy's shared data) keys them; without it, the
     // codebook's cells do, and they cut through the intents (docs/SKETCH.md).

@@ -213,7 +213,7 @@ fn a_renamed_tenant_header_isolates_tenants_the_same() {
 fn isolated_under(tenant_header: &str) {
     let stack = stack(tenant_header);
     let body = body();
-    // Interleaved: a0 b0 a1 b1 a2 b2. The third round carries out-of-range knobs.
+    // Interleaved: a0 b0 a1 b1 a2 b2. The third pair carries out-of-range knobs.
     let mut sent = Vec::new();
     for round in 0..3 {
         for tenant in TENANTS {

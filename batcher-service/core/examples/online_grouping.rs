@@ -1,5 +1,5 @@
 //! How the batcher's online clustering (assign mode's cohorts, [`Cohorts::observe`])
-//! groups paraphrases of one intent, beside the question issue 20 asks of the filter's
+//! groups paraphrases of one intent, beside the same question asked of the filter's
 //! global codebook: what share of each intent's prompts lands in its largest cohort.
 //!
 //! ```sh

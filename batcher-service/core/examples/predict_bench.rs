@@ -1,8 +1,8 @@
 //! Benchmark of the prefetch predictor under many distinct sessions: the cost of one
 //! request (`observe` then `predict`, what the batch front does per leader) in each tenth
 //! of a run of a million sessions, and what the model holds, beside a baseline that keeps
-//! contexts in a `HashMap` and scans it for the oldest once full (the predictor's design
-//! before the LRU lists; issue 20).
+//! contexts in a `HashMap` and scans it for the oldest once full (the layout the LRU
+//! lists replaced).
 //!
 //! ```sh
 //! cargo run --release -p cohort-batcher-core --example predict_bench -- --sessions 1000000
@@ -70,7 +70,7 @@ fn workload(sessions: u64, private: bool) -> Vec<Request> {
         let s = &mut live[i];
         out.push((s.tenant, s.context, s.cohort));
         if private && s.left == 3 {
-            // A cohort of this session's own (its history), between two shared ones.
+            // A cohort of this user session's own (its history), between two shared ones.
             out.push((s.tenant, s.context, s.context | 1 << 63));
         }
         // The next cohort: one of three successors, the first most often.

@@ -51,8 +51,8 @@ pub struct BatchConfig {
     /// Members per batch while the replica reports KV-cache pressure.
     pub max_batch_pressured: usize,
     /// Members per batch on slot-pinned engines ([`Release::SameSlot`]), which run them in
-    /// sequence: lower it to bound that chain (a lower cap measured worse on a CPU
-    /// llama.cpp, where the next batch then recomputes the prefix; see docs/BENCH-BATCH.md).
+    /// sequence: lower it to bound that chain (on a CPU llama.cpp the next batch then
+    /// recomputes the prefix; docs/DECISIONS.md, "A cohort stays on its slot on llama.cpp").
     pub max_batch_same_slot: usize,
     /// The least share of a request's prompt (bytes in prefix blocks equal to the
     /// leader's, over its prompt's bytes) for it to join its cohort's batch; 0 joins
@@ -255,9 +255,10 @@ impl BatchTable {
 /// A slot keeps the prefix of the last prompt it ran. A batch goes to the slot that last
 /// ran its cohort if there is one (its prefix is still there), however long its queue,
 /// else to the slot with the fewest requests in flight, preferring the one used longest
-/// ago (its prefix is the least likely to be wanted again). Spilling a queued cohort onto
-/// an idle slot was measured and rejected: on a CPU llama.cpp the slots share the same
-/// threads, so the idle slot adds a prefill, not capacity (docs/BENCH-BATCH.md).
+/// ago (its prefix is the least likely to be wanted again). A queued cohort does not spill
+/// onto an idle slot: on a CPU llama.cpp the slots share the same threads, so the idle slot
+/// adds a prefill, not capacity (docs/DECISIONS.md, "A cohort stays on its slot on
+/// llama.cpp").
 #[derive(Debug, Clone)]
 pub struct SlotTable {
     slots: Vec<Vec<SlotState>>,

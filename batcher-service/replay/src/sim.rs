@@ -45,7 +45,9 @@ use cohort_fingerprint::shard::jump_hash;
 use lru::LruCache;
 
 use super::trace::{TraceRequest, MOONCAKE_BLOCK_TOKENS};
-use cohort_batcher_core::policy::{mix64, shard_key, ChoiceReason, Policy, PolicyConfig, RouteRequest};
+use cohort_batcher_core::policy::{
+    mix64, shard_key, ChoiceReason, Policy, PolicyConfig, RouteRequest,
+};
 
 /// Whether the Cohort policy contenders use the draining-outstanding-work load model by
 /// default ([`SimConfig::policy_drain`]).

@@ -9,9 +9,9 @@
 
 use super::inputs::{expand, verdict, Format, Progress, ScoreOptions};
 use anyhow::{Context, Result};
+use cohort_fingerprint::{api, IntentSketch, SemanticMode};
 use cohort_score::corpus::{chained_blocks, CorpusScore, CorpusScorer};
 use cohort_score::cost::CostModel;
-use cohort_fingerprint::{api, IntentSketch, SemanticMode};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::process::ExitCode;

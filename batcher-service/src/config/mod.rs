@@ -82,9 +82,9 @@ pub use sections::{
 };
 pub use validate::ConfigError;
 
-use cohort_score::cost::CostModel;
 use cohort_fingerprint::headers::HeaderNames;
 use cohort_fingerprint::knobs::policy::KnobPolicy;
+use cohort_score::cost::CostModel;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -71,10 +71,10 @@ impl Front {
         let known = self
             .prefetch
             .assigned(cohort, replica, used_warmup, reply.matched_blocks > 0);
-        // Only a session's sequence predicts: without one, a tenant's "sequence" is its
-        // users' requests interleaved, which predicts only what is popular, and the policy
-        // already keeps popular prefixes home (measured on the README demo: 59 warm-ups for
-        // 96 requests, TTFT p95 1.28× round-robin's against 1.04× without them).
+        // Only a user session's sequence predicts: without one, a tenant's "sequence" is
+        // its users' requests interleaved, which predicts only what is popular, and the
+        // policy already keeps popular prefixes home (docs/DECISIONS.md, "Assign mode warms
+        // only for requests with a user session").
         let level = if session.is_some() {
             level
         } else {

@@ -21,18 +21,11 @@
 //!   and short requests went behind the wrong long one;
 //! - **expected wait** ([`InFlight::wait_ms`]): the backlog over the rate.
 //!
-//! A floor of the wait at the age of the oldest request still waiting was tried (it makes
-//! a stuck replica expensive before its late first bytes teach the rate) and dropped: on a
-//! busy fleet every replica has an old pending request, and the floor moved requests off
-//! their prefix on that noise (mooncake-conv, 4 replicas: TTFT p90 280 → 417 ms, hit ratio
-//! 0.155 → 0.158 of no use). A replica that stops answering is caught by health instead.
-//!
-//! The next request in line is taken to start its prefill when the head's first-byte report
-//! arrives, which is up to 20 ms after the byte (the filter sends reports in batches every
-//! 20 ms). Backdating that start to the decision time plus the report's own elapsed time was
-//! tried (2026-12-06) and changed nothing measurable (mooncake-conv at 8 replicas: TTFT p90
-//! 0.875 / 0.870 of sglang-router's with it, 0.878 / 0.831 without; at 4: 0.785 / 0.770
-//! against 0.731 / 0.777, hits 0.97–0.98 against 0.97–1.00), so it was left out.
+//! A replica that stops answering is caught by health, not by a floor of the wait at the
+//! age of its oldest pending request; and the next request in line is taken to start its
+//! prefill when the head's first-byte report arrives (up to 20 ms after the byte, as the
+//! filter batches reports). Both were measured against the alternatives:
+//! docs/DECISIONS.md.
 //!
 //! A ticket whose reports never come (a filter without progress reports, a dropped
 //! observation, an Envoy restart) expires after `ttl_ms`, so a lost report cannot pin a

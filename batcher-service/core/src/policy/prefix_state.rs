@@ -16,8 +16,8 @@
 //! sent by many requests) or private (a conversation's history, sent by its previous turn
 //! alone). The policy holds a private prefix harder (`live_slack_private`).
 //!
-//! Each block also has an expiry: the request's `cache-ttl` knob (300–3600 s, DESIGN.md:
-//! "how long a cohort's prefix is considered resident on its replica") after the last
+//! Each block also has an expiry: the request's `cache-ttl` knob (300–3600 s,
+//! docs/CONTRACT.md: how long a cohort's prefix is considered resident on its replica) after the last
 //! request that brought it. An expired block no longer counts as held, even while the LRU
 //! still has room for it: an engine's cache turns over in that time, and a prefix nobody
 //! sent for longer than its TTL should not keep attracting requests. A later request

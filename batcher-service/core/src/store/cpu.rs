@@ -1,35 +1,15 @@
 //! `CpuStore`: the default fingerprint store, sharded by key, scanned with a vectorised
 //! int8 kernel.
 //!
-//! # Measured (AMD EPYC Milan VM, 2 cores shared with other jobs, AVX2, one thread)
-//! `cargo run --release -p cohort-batcher-core --example store_bench -- --entries 1000000`
-//! (one tenant, clustered sketches shaped like the fingerprint core's, top-8):
-//!
-//! | layout | entries | batch | queries/s (1 core) | p99 latency per call | bytes/entry (stats) | bytes/entry (allocator) |
-//! |---|---:|---:|---:|---:|---:|---:|
-//! | CpuStore | 1000000 | 1 | 307 | 3.63 ms | 60.3 | 60.3 |
-//! | CpuStore | 1000000 | 64 | 2149 | 30.58 ms | 60.3 | 60.3 |
-//! | lru::LruCache (naive scan) | 1000000 | 1 | 173 | 6.32 ms | — | 107.7 |
-//!
-//! Both goals are met: memory ≤ 64 B/entry (60.3, index included; `stats().bytes` agrees
-//! with the counting allocator to 0.1 B) and ≥ 2,000 queries/s at batch 64 (2,149/s; the
-//! previous version, run interleaved with this one on the same machine, gave 1,754–1,780/s,
-//! this one 2,069–2,172/s; the machine is shared, so runs vary by ~5%). At batch 1 a query
-//! streams 40 MB (sketch + tenant + expiry of 1 M entries), ~11 GB/s, the core's memory
-//! bandwidth; at batch 64 the scan is compute bound on `vpmaddwd` (with the Cauchy–Schwarz
-//! pruning of the kernel, see `simd_dot`). So few query × tile pairs hold a candidate (under
-//! 0.5% on clustered data) that the selection pass now walks only the tiles the kernel
-//! flags (a `u64` per query and page) instead of all 64 candidate bytes: that was the
-//! last 20%. Without AVX2 the portable kernel gives the same answers more slowly.
-//!
-//! Tried and not kept (slower here, on Zen 3 with AVX2 only): `vpmaddubsw` with the sign
-//! trick (32 products an instruction, but with `vpsignb`, `vpabsb` and the widening
-//! `vpmaddwd` by ones it issues as many multiplier µops as the `i16` pairs and more µops in
-//! all: 1,630/s against 1,780/s for the `i16` kernel, both before the selection change);
-//! widening its pairs with shifts instead (1,314/s); pruning per query × tile in a second
-//! pass (1,290–1,614/s with the selection change: the bookkeeping outweighs the saved
-//! multiplies); a third pruning stage at 8 dims (no gain); blocks of 2 × 2 or 2 × 4 instead
-//! of 4 queries × 2 tiles (no gain).
+//! # Cost
+//! At batch 1 a query streams the shard's sketches, tenants and expiry times: the scan is
+//! bound by memory bandwidth. At batch 64 it is compute bound on `vpmaddwd`, with the
+//! Cauchy–Schwarz pruning of the kernel (see `simd_dot`); so few query × tile pairs hold a
+//! candidate that the selection pass walks only the tiles the kernel flags (a `u64` per
+//! query and page). Without AVX2 the portable kernel gives the same answers more slowly.
+//! The layout and kernel were chosen by measurement (about 60 B an entry, index included;
+//! over 2,000 queries/s at batch 64 on one core): docs/DECISIONS.md, "`CpuStore`: paged
+//! structure of arrays and an `i16` `vpmaddwd` kernel".
 //!
 //! # Layout
 //! Keys hash (splitmix64) to one of N shards, each behind its own `RwLock`: inserts lock
@@ -44,10 +24,9 @@
 //! never meet holes.
 //!
 //! # Why not `lru::LruCache`
-//! The issue named the `lru` crate. An `LruCache<u64, Entry>` allocates one node per entry
-//! (key, value, two pointers) plus a hash slot holding a pointer: 107.7 bytes an entry
-//! measured with the counting allocator (the table above), and its entries are scattered on the heap, so a scan for
-//! top-k chases pointers instead of streaming contiguous sketches. It meets neither goal.
+//! An `LruCache<u64, Entry>` allocates one node per entry (key, value, two pointers) plus
+//! a hash slot holding a pointer, and its entries are scattered on the heap, so a scan for
+//! top-k chases pointers instead of streaming contiguous sketches.
 //!
 //! # Eviction: CLOCK (second chance), per shard
 //! Each slot has a reference byte: set by a refresh (`upsert` of a held key) or a `get`,

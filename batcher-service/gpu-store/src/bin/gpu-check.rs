@@ -195,7 +195,7 @@ fn main() {
         }
     }
     println!(
-        "IVF goal (issue 6): ≥ 20 M queries/s at recall@8 ≥ 0.95 against the exact GPU scan, ≤ 64 device B/entry"
+        "IVF goal: ≥ 20 M queries/s at recall@8 ≥ 0.95 against the exact GPU scan, ≤ 64 device B/entry"
     );
     println!(
         "\nint8 peak taken as {:.0} TOPS (H200 dense); exact top-8 cap at 5 M entries: {:.2} M queries/s",
