@@ -23,7 +23,7 @@ fn every_crate_is_layered() {
     assert!(crates.len() >= 10, "found only {crates:?}");
     let mut problems = Vec::new();
     for src in &crates {
-        let graph = graph_of(src, &files(src), |p| relative(p));
+        let graph = graph_of(src, &files(src), relative);
         for (a, b) in graph.mutual() {
             problems.push(format!(
                 "{} and {} use each other",
