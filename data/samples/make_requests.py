@@ -10,7 +10,8 @@ import json
 
 apps = [json.loads(line) for line in open("data/prompts/system_prompts.jsonl")][:3]
 rows = list(csv.DictReader(open("data/intent/banking77_test.csv")))
-intents = ["card_arrival", "lost_or_stolen_card", "exchange_rate", "pending_transfer", "refund_not_showing_up", "change_pin"]
+intents = ["card_arrival", "lost_or_stolen_card", "exchange_rate", "pending_transfer", "refund_not_showing_up",
+           "change_pin"]
 turns = {i: [r["text"] for r in rows if r["category"] == i][:4] for i in intents}
 
 lines = []
@@ -18,11 +19,14 @@ for n, app in enumerate(apps):
     for intent in intents:
         for text in turns[intent][:2] if n else turns[intent]:
             if n == 0:
-                body = {"model": "gemma-3-270m", "messages": [{"role": "system", "content": app["prompt"]}, {"role": "user", "content": text}]}
+                body = {"model": "gemma-3-270m", "messages": [{"role": "system", "content": app["prompt"]},
+                                                              {"role": "user", "content": text}]}
             elif n == 1:
-                body = {"model": "gemma-3-270m", "max_tokens": 64, "system": app["prompt"], "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}
+                body = {"model": "gemma-3-270m", "max_tokens": 64, "system": app["prompt"],
+                        "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}
             else:
-                body = {"model": "gemma-3-270m", "instructions": app["prompt"], "input": [{"role": "user", "content": text}]}
+                body = {"model": "gemma-3-270m", "instructions": app["prompt"],
+                        "input": [{"role": "user", "content": text}]}
             lines.append(body)
 
 templates = [
@@ -32,7 +36,8 @@ templates = [
 ]
 fills = [("1234", "Mary Ann", "https://shop.example.com/r/1", "INV-2024-0042", "jane@example.com"),
          ("98", "Oleksandr", "http://a.io/x", "AB12CD9", "bob.s@corp.example"),
-         ("7,500.00", "Lisbon Travel", "www.example.org/receipt?id=9", "550e8400-e29b-41d4-a716-446655440000", "z@q.example")]
+         ("7,500.00", "Lisbon Travel", "www.example.org/receipt?id=9", "550e8400-e29b-41d4-a716-446655440000",
+          "z@q.example")]
 for t in templates:
     for n, name, url, id_, email in fills:
         lines.append({"model": "gemma-3-270m", "prompt": t.format(n=n, name=name, url=url, id=id_, email=email)})

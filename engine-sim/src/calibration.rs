@@ -1,5 +1,5 @@
 //! Calibration files: the cost constants fitted against a real engine by
-//! `bench/engine_sim_calibrate.py`, with what was measured and how well the fit matches.
+//! `cohort_tools/bench/engine_sim_calibrate.py`, with what was measured and how well the fit matches.
 //! The simulator reads only `constants`; the rest (engine, flags, date, fit error, cases)
 //! travels with the results so a simulated number is never reported without its calibration.
 //! The committed measurement (`data/bench/engine_sim_calibration.json`) is compiled in as

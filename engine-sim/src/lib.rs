@@ -33,7 +33,7 @@
 //!   later token takes `decode_ms_per_token × (1 + decode_batch_slowdown × (running − 1))`,
 //!   with `running` sampled per token.
 //!
-//! The constants come from a calibration file written by `bench/engine_sim_calibrate.py`
+//! The constants come from a calibration file written by `cohort_tools/bench/engine_sim_calibrate.py`
 //! against a real llama-server ([`calibration`]); the committed one is the default.
 //!
 //! The core (every module but [`server`]) is pure: no I/O, no clock; times are milliseconds

@@ -3,7 +3,7 @@
 //! `data/sketch/wordpiece_parity.jsonl` holds 2,500 real prompt segments and a dozen
 //! edge cases (accents, CJK, emoji, combining marks, invisible characters, long words)
 //! with the ids HF `tokenizers` gave for all-MiniLM-L6-v2's tokenizer.json
-//! (`scripts/distill/parity_fixture.py`). Every text must match exactly.
+//! (`cohort_tools/distill/parity_fixture.py`). Every text must match exactly.
 
 use cohort_fingerprint::sketch::table::Table;
 use std::path::Path;

@@ -1083,14 +1083,13 @@ fn json_file(path: &Path) -> Value {
 }
 
 fn build_oci(wasm: &Path, out: &Path) {
-    let status = Command::new("python3")
-        .arg(workspace().join("scripts/build-oci"))
+    let status = Command::new(workspace().join("scripts/build-oci"))
         .arg("--wasm")
         .arg(wasm)
         .arg("--out")
         .arg(out)
         .status()
-        .expect("python3");
+        .expect("scripts/build-oci runs");
     assert!(status.success(), "scripts/build-oci failed");
 }
 

@@ -5,7 +5,7 @@
 //!   file, then rename) once all listen; SIGTERM/SIGINT → graceful exit 0.
 //! - `bound`: the pooled-cache hit-ratio bound of a JSONL request stream.
 //!
-//! Calibration is `bench/engine_sim_calibrate.py` (it drives a real llama-server).
+//! Calibration is `cohort_tools/bench/engine_sim_calibrate.py` (it drives a real llama-server).
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};

@@ -1,4 +1,4 @@
-//! # cohort-wasm-floor — the least a proxy-wasm filter can do, for `bench/filter_overhead.py`
+//! # cohort-wasm-floor — the least a proxy-wasm filter can do, for `cohort_tools/bench/filter_overhead.py`
 //!
 //! The filter-overhead benchmark compares Envoy + buffer filter with Envoy + the Cohort
 //! filter. Part of what it measures is not Cohort's work but the price of being a wasm
@@ -16,7 +16,7 @@
 //!   clock; writing one more request header each), to price a hostcall against `body`;
 //! - `body+grpc:CLUSTER`: `body`, then one gRPC call to the batcher at CLUSTER (`Status`,
 //!   which answers from counters) before the request goes on: the least any filter that
-//!   asks a service per request pays for the round trip (`bench/added_time.py
+//!   asks a service per request pays for the round trip (`cohort_tools/bench/added_time.py
 //!   floor-grpc`), to set beside assign mode.
 //!
 //! It is not part of the product; `scripts/build-wasm` builds it next to the filter.

@@ -6,7 +6,7 @@
 //! group (one flipped sign made a new id: 3,002 ids for Banking77's 3,080 test prompts).
 //! So the id is the index of the nearest of a fixed set of centroids, shipped in the crate
 //! like the sketch table and fitted on the distillation corpus, never on evaluation sets
-//! (`scripts/distill/codebook.py`; docs/SKETCH.md, "Cohort codebook").
+//! (`cohort_tools/distill/codebook.py`; docs/SKETCH.md, "Cohort codebook").
 //!
 //! Levels run from coarse to fine (4 to 1,024 centroids). `x-cohort-batch-threshold`
 //! (0.1–0.9) picks one, evenly: a higher threshold gives smaller, purer cohorts, the same
