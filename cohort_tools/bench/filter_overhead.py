@@ -233,8 +233,13 @@ def perf_split(port, body_file, args, pid, workdir):
 
 
 def oha_binary():
+    """oha, installed on first use by scripts/install-bench-tools (None if it cannot build)."""
     candidates = [os.path.join(ROOT, ".cohort/bin/oha"), os.path.expanduser("~/.cargo/bin/oha")]
-    return shutil.which("oha") or next((p for p in candidates if os.path.exists(p)), None)
+    found = shutil.which("oha") or next((p for p in candidates if os.path.exists(p)), None)
+    if found is None:
+        subprocess.run([os.path.join(ROOT, "scripts/install-bench-tools")], check=False)
+        found = next((p for p in candidates if os.path.exists(p)), None)
+    return found
 
 
 def write_body(workdir, size):
