@@ -237,7 +237,7 @@ def oha_binary():
     candidates = [os.path.join(ROOT, ".cohort/bin/oha"), os.path.expanduser("~/.cargo/bin/oha")]
     found = shutil.which("oha") or next((p for p in candidates if os.path.exists(p)), None)
     if found is None:
-        subprocess.run([os.path.join(ROOT, "scripts/install-bench-tools")], check=False)
+        subprocess.run([os.path.join(ROOT, "scripts/install-bench-tools"), "oha"], check=False)
         found = next((p for p in candidates if os.path.exists(p)), None)
     return found
 
