@@ -2,6 +2,7 @@
 //!
 //! - [`layering`]: every crate's modules form layers: no two source files import each
 //!   other, and no module reaches up to one that imports it;
+//! - the docs index (tests/docs_index.rs): docs/README.md links every document in docs/;
 //! - [`history`]: the docs, comments and scripts speak of the product as it is now: no
 //!   tracker issue numbers, no rounds of work by ordinal, no dated "tried" notes, no
 //!   documents outside the repository.
