@@ -69,22 +69,32 @@ pub struct Batcher {
 }
 
 impl Batcher {
+    /// Starts `cohort serve` as `spec` says and waits until it is ready. When one of its
+    /// ports was taken before it bound it, it starts again on new free ports (`spec` then
+    /// holds the ports it runs on).
     pub fn start(spec: BatcherSpec) -> Batcher {
-        let log = std::env::temp_dir().join(format!(
-            "cohort-batcher-{}-{}.log",
-            std::process::id(),
-            spec.grpc_port
-        ));
-        let mut batcher = Batcher {
-            child: None,
-            spec,
-            log,
-        };
-        batcher.spawn();
-        batcher
+        crate::with_port_retries("cohort serve", |attempt| {
+            let mut spec = spec.clone();
+            if attempt > 0 {
+                spec.grpc_port = crate::free_port();
+                spec.http_port = crate::free_port();
+                spec.front_port = spec.front_port.map(|_| crate::free_port());
+            }
+            let log = std::env::temp_dir().join(format!(
+                "cohort-batcher-{}-{}.log",
+                std::process::id(),
+                spec.grpc_port
+            ));
+            let mut batcher = Batcher {
+                child: None,
+                spec,
+                log,
+            };
+            batcher.spawn().map(|()| batcher)
+        })
     }
 
-    fn spawn(&mut self) {
+    fn spawn(&mut self) -> Result<(), String> {
         let spec = &self.spec;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -112,21 +122,27 @@ impl Batcher {
             .spawn()
             .expect("start cohort serve");
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits for `/readyz`; `Err(log)` when it exited because a port was taken.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(response) =
                 crate::client::request(self.spec.http_port, "GET", "/readyz", &[], b"")
             {
                 if response.status == 200 {
-                    return;
+                    return Ok(());
                 }
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                panic!("cohort serve exited with {status}:\n{}", self.log());
+                let log = self.log();
+                self.child = None;
+                if crate::port_was_taken(&log) {
+                    return Err(log);
+                }
+                panic!("cohort serve exited with {status}:\n{log}");
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -211,7 +227,9 @@ impl Batcher {
     /// Starts it again with the same ports and settings (a pod restarted in place).
     pub fn restart(&mut self) {
         self.kill9();
-        self.spawn();
+        if let Err(log) = self.spawn() {
+            panic!("cohort serve could not bind its ports again:\n{log}");
+        }
     }
 
     /// SIGTERM and wait: the graceful path.

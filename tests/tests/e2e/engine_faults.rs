@@ -22,10 +22,10 @@
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, post_stream, Response};
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
+use cohort_tests::config::{self, set_endpoints, set_filter};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::llama::Llama;
-use cohort_tests::{eventually, free_port, one_at_a_time};
+use cohort_tests::{eventually, one_at_a_time};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -140,11 +140,9 @@ fn a_replica_killed_under_affinity_routing_fails_nothing_and_its_keys_move() {
     let mut replicas = vec![Some(Llama::start(2)), Some(Llama::start(2))];
     let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
     let mut config = config::load("affinity");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
     set_endpoints(&mut config, "engines", &ports);
     set_filter(&mut config, &json!({"mode": "affinity"}).to_string());
-    let envoy = Envoy::start(&config, admin, listen);
+    let envoy = Envoy::start(&config);
     let port = envoy.listen_port;
 
     // Which replica owns each application's key (the ring hash is deterministic).

@@ -13,7 +13,7 @@ use cohort_fingerprint::record::{fingerprint_line, LineDefaults};
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::chromium::Chromium;
 use cohort_tests::client::post_json;
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
+use cohort_tests::config::{self, set_endpoints, set_filter};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::upstream::Upstream;
 use cohort_tests::{free_port, workspace};
@@ -56,8 +56,6 @@ fn the_playground_fingerprints_in_the_browser_and_names_the_nearest_cohort() {
         extra_args: vec!["--ui-assets".into(), assets.to_string_lossy().into_owned()],
     });
     let mut envoy_config = config::load("assign");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut envoy_config, admin, listen);
     for (i, r) in replicas.iter().enumerate() {
         set_endpoints(&mut envoy_config, &format!("replica-{i}"), &[r.port]);
     }
@@ -73,7 +71,7 @@ fn the_playground_fingerprints_in_the_browser_and_names_the_nearest_cohort() {
         &json!({"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]})
             .to_string(),
     );
-    let envoy = Envoy::start(&envoy_config, admin, listen);
+    let envoy = Envoy::start(&envoy_config);
 
     // Traffic of two intents, observed by the batcher through the filter.
     for i in 0..6 {

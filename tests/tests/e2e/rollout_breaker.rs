@@ -12,9 +12,8 @@
 //!   timeline: requests, errors and the breaker state per half second.
 
 use cohort_tests::client::Connection;
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
+use cohort_tests::config::{self, set_endpoints, set_filter};
 use cohort_tests::envoy::Envoy;
-use cohort_tests::free_port;
 use cohort_tests::upstream::Upstream;
 use serde_json::json;
 use serde_yaml::Value;
@@ -47,14 +46,13 @@ fn verdict(header: Option<&str>) -> String {
 fn a_share_of_users_is_routed_and_the_hold_out_reaches_the_upstream_as_sent() {
     let ups: Vec<Upstream> = (0..2).map(|i| Upstream::start(&format!("u{i}"))).collect();
     let mut config = config::load("affinity");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
     set_endpoints(&mut config, "engines", &[ups[0].port, ups[1].port]);
     set_filter(
         &mut config,
         r#"{"mode":"affinity","rollout":{"share":0.05,"key_header":"x-user-id"}}"#,
     );
-    let envoy = Envoy::start(&config, admin, listen);
+    let envoy = Envoy::start(&config);
+    let listen = envoy.listen_port;
 
     const USERS: usize = 2_000;
     const PER_USER: usize = 5;
@@ -164,8 +162,6 @@ fn a_share_of_users_is_routed_and_the_hold_out_reaches_the_upstream_as_sent() {
 /// `routed`, everything else to `direct`.
 fn split_stack(routed: &Upstream, direct: &Upstream, plugin: &str) -> Envoy {
     let mut config = config::load("affinity");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
     let clusters = config["static_resources"]["clusters"]
         .as_sequence_mut()
         .unwrap();
@@ -193,7 +189,7 @@ fn split_stack(routed: &Upstream, direct: &Upstream, plugin: &str) -> Envoy {
     *routes = Value::Sequence(vec![cohort, rest]);
     set_filter(&mut config, plugin);
     config["stats_flush_interval"] = Value::from("1s");
-    Envoy::start(&config, admin, listen)
+    Envoy::start(&config)
 }
 
 /// One request's fate in a breaker run.
@@ -433,16 +429,14 @@ fn routes_cohort_is_not_enabled_for_are_left_alone() {
     ] {
         let upstream = Upstream::start("u");
         let mut config = config::load("affinity");
-        let (admin, listen) = (free_port(), free_port());
-        set_ports(&mut config, admin, listen);
         set_endpoints(&mut config, "engines", &[upstream.port]);
         config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
             ["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0]["name"] =
             Value::from("legacy-chat");
         set_filter(&mut config, plugin);
-        let envoy = Envoy::start(&config, admin, listen);
+        let envoy = Envoy::start(&config);
         let body = chat("where is my refund");
-        let mut connection = Connection::new(listen);
+        let mut connection = Connection::new(envoy.listen_port);
         let response = connection.post_json(CHAT, &[], &body).unwrap();
         assert_eq!(verdict(response.header("x-cohort")), expected, "{plugin}");
         let got = upstream.received().pop().unwrap();
