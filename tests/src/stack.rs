@@ -86,8 +86,8 @@ pub struct Stack {
     pub batchers: Vec<Batcher>,
     /// Recording or counting engines, in order; `None` once stopped.
     upstreams: Vec<Option<Upstream>>,
-    /// Real engines, in order; `None` once stopped.
-    llamas: Vec<Option<Llama>>,
+    /// Real engines, in order; `None` once stopped (set it to `None` to SIGKILL one).
+    pub llamas: Vec<Option<Llama>>,
     dir: Option<PathBuf>,
 }
 

@@ -244,6 +244,7 @@ fn run_scenario(
             while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(60) {
                 let state = envoy.stat("wasmcustom.cohort_breaker_state");
                 states.lock().unwrap().push((start.elapsed(), state));
+                // Deliberate window: the state is sampled every 100 ms for the timeline.
                 std::thread::sleep(Duration::from_millis(100));
             }
         });
@@ -289,14 +290,10 @@ fn print_timeline(sent: &[Sent], states: &[(Duration, u64)]) {
 
 /// Waits until the breaker's state gauge reads `want`; returns when, or panics.
 fn wait_state(state: &dyn Fn() -> u64, want: u64, within: Duration) -> Instant {
-    let deadline = Instant::now() + within;
-    while state() != want {
-        assert!(
-            Instant::now() < deadline,
-            "breaker never reached state {want}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        cohort_tests::eventually(within, || state() == want),
+        "breaker never reached state {want}"
+    );
     Instant::now()
 }
 
@@ -316,6 +313,7 @@ fn the_breaker_opens_on_cohort_errors_and_closes_after_recovery() {
     let envoy = split_stack(&routed, &direct, BREAKER);
     let mut marks = BTreeMap::new();
     let (sent, states) = run_scenario(&envoy, 3, |start, state| {
+        // Deliberate windows of load: 2 s healthy, 2 s open, 2 s closed again.
         std::thread::sleep(Duration::from_secs(2));
         routed.set_status(503);
         marks.insert("fault", start.elapsed());
@@ -385,6 +383,7 @@ fn the_breaker_opens_when_cohort_traffic_turns_five_times_slower() {
     let envoy = split_stack(&routed, &direct, BREAKER);
     let mut marks = BTreeMap::new();
     let (sent, states) = run_scenario(&envoy, 4, |start, state| {
+        // Deliberate windows of load: 2 s healthy and equal, 2 s open.
         std::thread::sleep(Duration::from_secs(2));
         assert_eq!(state(), 0, "healthy and equal: closed");
         routed.set_delay(Duration::from_millis(100));
@@ -469,6 +468,9 @@ fn without_a_hold_out_the_breaker_records_nothing_and_stays_closed() {
             .unwrap();
         assert_eq!(verdict(r.header("x-cohort")), "routed");
     }
+    // Deliberate window: past the breaker's 1 s window, then nothing may have opened it
+    // (with a hold-out the same faults open it:
+    // `the_breaker_opens_on_cohort_errors_and_closes_after_recovery`).
     std::thread::sleep(Duration::from_millis(1200));
     let r = connection
         .post_json(CHAT, &[], &chat("where is my refund"))
