@@ -41,26 +41,6 @@ pub struct BatcherSpec {
     pub extra_args: Vec<String>,
 }
 
-impl BatcherSpec {
-    /// One shard over engine replicas `replica-<i>` at these local ports (llama.cpp's
-    /// adapter), which it probes; its batch front listens on a free port.
-    pub fn over_engines(ports: &[u16]) -> BatcherSpec {
-        BatcherSpec {
-            grpc_port: crate::free_port(),
-            http_port: crate::free_port(),
-            replicas: ports
-                .iter()
-                .enumerate()
-                .map(|(i, port)| format!("replica-{i}=http://127.0.0.1:{port}"))
-                .collect(),
-            shard_index: 0,
-            shard_count: 1,
-            front_port: Some(crate::free_port()),
-            extra_args: Vec::new(),
-        }
-    }
-}
-
 /// A running batcher; killed when dropped.
 pub struct Batcher {
     child: Option<Child>,

@@ -1,4 +1,6 @@
-//! A real Envoy process for one test.
+//! A real Envoy process for one test: the repository's configs adapted by
+//! [`crate::config`], started on
+//! free ports.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -20,23 +22,6 @@ pub struct Envoy {
 }
 
 impl Envoy {
-    /// `istio/envoy/assign.yaml`: the filter in assign mode (a 250 ms deadline, which a
-    /// loaded 2-core machine meets) asking the batcher shard on `batcher_grpc`, over the
-    /// engine replicas on `replicas`.
-    pub fn start_assign(batcher_grpc: u16, replicas: &[u16]) -> Envoy {
-        Envoy::assign_with(
-            batcher_grpc,
-            replicas,
-            r#"{"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]}"#,
-        )
-    }
-
-    /// `istio/envoy/assign.yaml` with the given plugin configuration (JSON), over one
-    /// batcher shard and the engine replicas on `replicas`.
-    pub fn assign_with(batcher_grpc: u16, replicas: &[u16], plugin: &str) -> Envoy {
-        Envoy::start(&Envoy::assign_config(&[batcher_grpc], replicas, plugin))
-    }
-
     /// `istio/envoy/assign.yaml` pointed at the batcher shards on `batcher_grpc`
     /// (`cohort-batcher-<i>`) and the engine replicas on `replicas`, with the given plugin
     /// configuration (JSON); its admin and listener ports are set when it starts.
@@ -50,16 +35,6 @@ impl Envoy {
         config::set_assign_endpoints(&mut yaml, batcher_grpc, replicas);
         config::set_filter(&mut yaml, plugin);
         yaml
-    }
-
-    /// `istio/envoy/batch.yaml` with the given plugin configuration, over one batcher shard
-    /// (gRPC and front) and the engine replicas on `replicas`; returns once the front and
-    /// the replicas passed their first health check (before that, Envoy sends marked
-    /// requests to the replicas directly).
-    pub fn batch_with(batcher_grpc: u16, front: u16, replicas: &[u16], plugin: &str) -> Envoy {
-        let envoy = Envoy::start(&Envoy::batch_config(batcher_grpc, front, replicas, plugin));
-        envoy.wait_front_healthy(replicas.len());
-        envoy
     }
 
     /// `istio/envoy/batch.yaml` pointed at one batcher shard (gRPC and front) and the engine

@@ -153,3 +153,49 @@ pub fn port_was_taken(log: &str) -> bool {
         || log.contains("cannot bind")
         || log.contains("failed to bind")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_children_s_messages_for_a_taken_port_are_recognised() {
+        for log in [
+            // Envoy
+            "error `cannot bind '127.0.0.1:17774': Address already in use` initializing config",
+            // cohort serve
+            "Error: cannot listen for gRPC on 127.0.0.1:17771\n\nCaused by:\n    Address already in use (os error 98)",
+            // llama-server
+            "couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 17775",
+        ] {
+            assert!(port_was_taken(log), "{log}");
+        }
+        assert!(!port_was_taken("error: unknown argument --nope"));
+    }
+
+    #[test]
+    fn a_start_is_tried_again_while_its_port_was_taken() {
+        let mut tries = Vec::new();
+        let started = with_port_retries("test", |attempt| {
+            tries.push(attempt);
+            if attempt < 2 {
+                Err("Address already in use".to_owned())
+            } else {
+                Ok(attempt)
+            }
+        });
+        assert_eq!((started, tries), (2, vec![0, 1, 2]));
+    }
+
+    #[test]
+    fn percentile_rounds_the_rank() {
+        let ms = |v: &[u64]| {
+            v.iter()
+                .map(|&m| std::time::Duration::from_millis(m))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(percentile(ms(&[30, 10, 20, 40]), 0.5).as_millis(), 30);
+        assert_eq!(percentile(ms(&[30, 10, 20, 40]), 0.99).as_millis(), 40);
+        assert_eq!(percentile(ms(&[]), 0.5), std::time::Duration::ZERO);
+    }
+}
