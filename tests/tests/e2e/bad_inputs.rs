@@ -873,6 +873,8 @@ fn send_every_class(stack: &Stack) {
 
 #[test]
 fn bad_inputs_over_http1_and_http2_reach_the_upstream_unchanged() {
+    // One at a time: hundreds of requests through Envoy logging at `info` load the machine.
+    let _alone = cohort_tests::one_at_a_time();
     let stack = header_routes("{}", &RESERVED);
     send_every_class(&stack);
     assert_eq!(stack.trap().count(), 0);
@@ -880,6 +882,8 @@ fn bad_inputs_over_http1_and_http2_reach_the_upstream_unchanged() {
 
 #[test]
 fn bad_inputs_in_assign_mode_with_a_real_batcher() {
+    // One at a time: hundreds of requests through Envoy logging at `info` load the machine.
+    let _alone = cohort_tests::one_at_a_time();
     let stack = assign();
     send_every_class(&stack);
     let assigned = stack.envoy.stat("wasmcustom.cohort_assign_ok_total");
@@ -1000,6 +1004,8 @@ fn spoof_everything(stack: &Stack, spoofable: &[&str]) -> usize {
 
 #[test]
 fn spoofed_reserved_and_tenant_headers_never_take_effect() {
+    // One at a time: hundreds of requests through Envoy logging at `info` load the machine.
+    let _alone = cohort_tests::one_at_a_time();
     // Default configuration: the tenant header is x-cohort-tenant, not trusted.
     let mut spoofable = RESERVED.to_vec();
     spoofable.push("x-cohort-tenant");
