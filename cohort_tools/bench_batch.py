@@ -14,7 +14,7 @@ host-RAM prompt cache, as in tests/src/llama.rs) and an Envoy:
   round-robin  istio/envoy/round-robin.yaml (no Cohort)
   affinity     istio/envoy/affinity.yaml (the filter, ring hash on x-cohort-key)
   batch        istio/envoy/batch.yaml + `cohort serve` with its HTTP front (target/release/cohort),
-               filter {"mode":"batch","assign_deadline_ms":250,...} as tests/tests/batch_llama.rs
+               filter {"mode":"batch","assign_deadline_ms":250,...} as tests/tests/e2e/batch_llama.rs
 
 Engine-computed prompt tokens = sum over requests of (prompt_tokens - cached_tokens) from the
 engines' own usage, cross-checked with the replicas' llamacpp:prompt_tokens_total deltas

@@ -17,7 +17,7 @@ transition of a conversation's cycle only at the first step of the second pass. 
 pass plus one step of every conversation are sent but not measured, in both runs alike.
 
 Each run gets a fresh stack (three llama-server replicas, `cohort serve` with its front, Envoy
-istio/envoy/batch.yaml as tests/tests/batch_llama.rs wires it), and replays the same trace
+istio/envoy/batch.yaml as tests/tests/e2e/batch_llama.rs wires it), and replays the same trace
 with every request carrying `x-cohort-prefetch: none`, then `high`.
 
   scripts/bench-prefetch [--steps 20] [--seed 1] [--flows 3,4] [--gap 2.5,3.0] [--level high] [--json out.json]

@@ -10,7 +10,7 @@ engine replica ports (3, 4 or 8 of them) and stopped after its run.
   cohort-affinity       Envoy + the Cohort filter, ring hash on x-cohort-key (affinity.yaml)
   cohort-assign         Envoy + the filter asking `cohort serve` for a replica (assign.yaml)
   cohort-batch          Envoy + the filter + `cohort serve` with its HTTP front (batch.yaml),
-                        wired as scripts/bench-batch and tests/tests/batch_llama.rs wire it
+                        wired as scripts/bench-batch and tests/tests/e2e/batch_llama.rs wire it
 
 Envoy configs come from cohort_tools.envoy_config, which rewrites the endpoint lists and the
 per-replica routes and clusters for N replicas. The peers' quirks (see
@@ -34,7 +34,7 @@ NAMES = ("envoy-rr", "envoy-ringhash", "sglang-cache-aware", "vllm-cache-aware",
 ENVOY_CONFIGS = {"envoy-rr": "round-robin", "envoy-ringhash": "ring-hash-prefix", "cohort-affinity": "affinity"}
 VERSIONS = {"sglang-router": "0.3.2", "vllm-router": "0.1.17", "envoy": "1.40.0"}
 VENV = os.path.join(stack.ROOT, ".venv/bin")
-# As scripts/bench-batch and tests/tests/batch_llama.rs: a generous assign deadline, because
+# As scripts/bench-batch and tests/tests/e2e/batch_llama.rs: a generous assign deadline, because
 # the batcher shares two busy cores with the engines (the deadline is a ceiling, not a delay).
 ASSIGN_FILTER = '{"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]}'
 BATCH_FILTER = '{"mode": "batch", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]}'

@@ -22,6 +22,8 @@
 //! same bytes.
 
 pub mod api;
+#[cfg(feature = "banking77")]
+pub mod banking77;
 mod bert_unicode;
 pub mod canonical;
 pub mod error;

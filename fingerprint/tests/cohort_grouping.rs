@@ -13,20 +13,15 @@
 //! share of an intent in its largest cohort at each threshold; at the default, at least 80%
 //! where the codebook puts 20%. Run with `--nocapture` to see the numbers.
 
+use cohort_fingerprint::banking77;
 use cohort_fingerprint::learned::{scope, Capacity, LearnedCohorts};
 use cohort_fingerprint::{Codebook, IntentSketch, SemanticMode, TenantSalt};
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 
 fn banking77_test() -> Vec<(String, String)> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/intent/banking77_test.csv");
-    let mut reader = csv::Reader::from_path(&path).expect("data/intent is part of the repository");
-    reader
-        .records()
-        .map(|row| {
-            let row = row.expect("valid CSV");
-            (row[0].to_owned(), row[1].to_owned())
-        })
+    banking77::test_split()
+        .into_iter()
+        .map(|row| (row.text, row.label))
         .collect()
 }
 

@@ -10,7 +10,6 @@
 
 use cohort_fingerprint::{mask, normalize, SemanticMode, Sketch, Token};
 use std::collections::HashSet;
-use std::path::Path;
 
 const HAND_FLOOR: usize = 10;
 
@@ -181,13 +180,11 @@ struct Case {
 
 /// Cases for every 10th Banking77 test query that has both paraphrases and impostors.
 fn banking77_cases() -> Vec<Case> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/intent/banking77_test.csv");
-    let mut reader = csv::Reader::from_path(path).expect("data/intent is part of the repository");
-    let rows: Vec<(String, String, HashSet<String>)> = reader
-        .records()
-        .map(|r| {
-            let r = r.expect("valid CSV");
-            (r[0].to_owned(), r[1].to_owned(), words(&r[0]))
+    let rows: Vec<(String, String, HashSet<String>)> = cohort_fingerprint::banking77::test_split()
+        .into_iter()
+        .map(|row| {
+            let set = words(&row.text);
+            (row.text, row.label, set)
         })
         .collect();
     let mut cases = Vec::new();

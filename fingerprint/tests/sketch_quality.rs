@@ -9,7 +9,6 @@
 //! to see the numbers.
 
 use cohort_fingerprint::{mask, normalize, IntentSketch, SemanticMode, Sketch};
-use std::path::Path;
 
 struct Labelled {
     sketch: Sketch,
@@ -17,24 +16,17 @@ struct Labelled {
 }
 
 fn load(file: &str, version: u32, mode: SemanticMode, limit: usize) -> Vec<Labelled> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../data/intent")
-        .join(file);
-    let mut reader = csv::Reader::from_path(&path).expect("data/intent is part of the repository");
-    reader
-        .records()
+    cohort_fingerprint::banking77::load(file)
+        .into_iter()
         .take(limit)
-        .map(|row| {
-            let row = row.expect("valid CSV");
-            Labelled {
-                sketch: Sketch::of_version(
-                    version,
-                    &mask::tokenize(&normalize::normalize(&row[0])),
-                    mode,
-                )
-                .expect("known version"),
-                label: row[1].to_owned(),
-            }
+        .map(|row| Labelled {
+            sketch: Sketch::of_version(
+                version,
+                &mask::tokenize(&normalize::normalize(&row.text)),
+                mode,
+            )
+            .expect("known version"),
+            label: row.label,
         })
         .collect()
 }

@@ -41,26 +41,6 @@ pub struct BatcherSpec {
     pub extra_args: Vec<String>,
 }
 
-impl BatcherSpec {
-    /// One shard over engine replicas `replica-<i>` at these local ports (llama.cpp's
-    /// adapter), which it probes; its batch front listens on a free port.
-    pub fn over_engines(ports: &[u16]) -> BatcherSpec {
-        BatcherSpec {
-            grpc_port: crate::free_port(),
-            http_port: crate::free_port(),
-            replicas: ports
-                .iter()
-                .enumerate()
-                .map(|(i, port)| format!("replica-{i}=http://127.0.0.1:{port}"))
-                .collect(),
-            shard_index: 0,
-            shard_count: 1,
-            front_port: Some(crate::free_port()),
-            extra_args: Vec::new(),
-        }
-    }
-}
-
 /// A running batcher; killed when dropped.
 pub struct Batcher {
     child: Option<Child>,
@@ -69,22 +49,32 @@ pub struct Batcher {
 }
 
 impl Batcher {
+    /// Starts `cohort serve` as `spec` says and waits until it is ready. When one of its
+    /// ports was taken before it bound it, it starts again on new free ports (`spec` then
+    /// holds the ports it runs on).
     pub fn start(spec: BatcherSpec) -> Batcher {
-        let log = std::env::temp_dir().join(format!(
-            "cohort-batcher-{}-{}.log",
-            std::process::id(),
-            spec.grpc_port
-        ));
-        let mut batcher = Batcher {
-            child: None,
-            spec,
-            log,
-        };
-        batcher.spawn();
-        batcher
+        crate::with_port_retries("cohort serve", |attempt| {
+            let mut spec = spec.clone();
+            if attempt > 0 {
+                spec.grpc_port = crate::free_port();
+                spec.http_port = crate::free_port();
+                spec.front_port = spec.front_port.map(|_| crate::free_port());
+            }
+            let log = std::env::temp_dir().join(format!(
+                "cohort-batcher-{}-{}.log",
+                std::process::id(),
+                spec.grpc_port
+            ));
+            let mut batcher = Batcher {
+                child: None,
+                spec,
+                log,
+            };
+            batcher.spawn().map(|()| batcher)
+        })
     }
 
-    fn spawn(&mut self) {
+    fn spawn(&mut self) -> Result<(), String> {
         let spec = &self.spec;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -112,21 +102,27 @@ impl Batcher {
             .spawn()
             .expect("start cohort serve");
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits for `/readyz`; `Err(log)` when it exited because a port was taken.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(response) =
                 crate::client::request(self.spec.http_port, "GET", "/readyz", &[], b"")
             {
                 if response.status == 200 {
-                    return;
+                    return Ok(());
                 }
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                panic!("cohort serve exited with {status}:\n{}", self.log());
+                let log = self.log();
+                self.child = None;
+                if crate::port_was_taken(&log) {
+                    return Err(log);
+                }
+                panic!("cohort serve exited with {status}:\n{log}");
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -211,7 +207,9 @@ impl Batcher {
     /// Starts it again with the same ports and settings (a pod restarted in place).
     pub fn restart(&mut self) {
         self.kill9();
-        self.spawn();
+        if let Err(log) = self.spawn() {
+            panic!("cohort serve could not bind its ports again:\n{log}");
+        }
     }
 
     /// SIGTERM and wait: the graceful path.

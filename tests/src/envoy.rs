@@ -1,4 +1,6 @@
-//! A real Envoy process for one test.
+//! A real Envoy process for one test: the repository's configs adapted by
+//! [`crate::config`], started on
+//! free ports.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -20,63 +22,74 @@ pub struct Envoy {
 }
 
 impl Envoy {
-    /// `istio/envoy/assign.yaml` on free ports: the filter in assign mode (a 250 ms
-    /// deadline, which a loaded 2-core machine meets) asking the batcher shard on
-    /// `batcher_grpc`, over the engine replicas on `replicas`.
-    pub fn start_assign(batcher_grpc: u16, replicas: &[u16]) -> Envoy {
-        Envoy::assign_with(
-            batcher_grpc,
-            replicas,
-            r#"{"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]}"#,
-        )
-    }
-
-    /// `istio/envoy/assign.yaml` on free ports with the given plugin configuration (JSON),
-    /// over one batcher shard and the engine replicas on `replicas`.
-    pub fn assign_with(batcher_grpc: u16, replicas: &[u16], plugin: &str) -> Envoy {
+    /// `istio/envoy/assign.yaml` pointed at the batcher shards on `batcher_grpc`
+    /// (`cohort-batcher-<i>`) and the engine replicas on `replicas`, with the given plugin
+    /// configuration (JSON); its admin and listener ports are set when it starts.
+    pub fn assign_config(
+        batcher_grpc: &[u16],
+        replicas: &[u16],
+        plugin: &str,
+    ) -> serde_yaml::Value {
         use crate::config;
         let mut yaml = config::load("assign");
-        let (admin, listen) = (crate::free_port(), crate::free_port());
-        config::set_ports(&mut yaml, admin, listen);
-        config::set_assign_endpoints(&mut yaml, &[batcher_grpc], replicas);
+        config::set_assign_endpoints(&mut yaml, batcher_grpc, replicas);
         config::set_filter(&mut yaml, plugin);
-        Envoy::start(&yaml, admin, listen)
+        yaml
     }
 
-    /// `istio/envoy/batch.yaml` on free ports with the given plugin configuration, over one
-    /// batcher shard (gRPC and front) and the engine replicas on `replicas`; returns once the
-    /// front and the replicas passed their first health check (before that, Envoy sends
-    /// marked requests to the replicas directly).
-    pub fn batch_with(batcher_grpc: u16, front: u16, replicas: &[u16], plugin: &str) -> Envoy {
+    /// `istio/envoy/batch.yaml` pointed at one batcher shard (gRPC and front) and the engine
+    /// replicas on `replicas`, with the given plugin configuration (JSON).
+    pub fn batch_config(
+        batcher_grpc: u16,
+        front: u16,
+        replicas: &[u16],
+        plugin: &str,
+    ) -> serde_yaml::Value {
         use crate::config;
         let mut yaml = config::load("batch");
-        let (admin, listen) = (crate::free_port(), crate::free_port());
-        config::set_ports(&mut yaml, admin, listen);
         config::set_batch_endpoints(&mut yaml, batcher_grpc, front, replicas);
         config::set_filter(&mut yaml, plugin);
-        let envoy = Envoy::start(&yaml, admin, listen);
-        assert!(envoy.wait_for_stat(
-            "cluster.cohort-front-0.membership_healthy",
-            replicas.len() as u64 + 1,
-            std::time::Duration::from_secs(10)
-        ));
-        envoy
+        yaml
     }
 
-    /// Starts Envoy with `config` (YAML) and waits until its admin `/ready` answers 200;
-    /// it logs warnings and errors only.
-    pub fn start(config: &serde_yaml::Value, admin_port: u16, listen_port: u16) -> Envoy {
-        Envoy::start_logging(config, admin_port, listen_port, "warning")
+    /// Waits until batch mode's front and the `replicas` replicas behind it (its
+    /// fallback) passed their first health check.
+    pub fn wait_front_healthy(&self, replicas: usize) {
+        assert!(
+            self.wait_for_stat(
+                "cluster.cohort-front-0.membership_healthy",
+                replicas as u64 + 1,
+                Duration::from_secs(10)
+            ),
+            "the batch front and its replicas not healthy in 10 s"
+        );
+    }
+
+    /// Starts Envoy with `config` (YAML) on free admin and listener ports (set here, see
+    /// [`crate::config::set_ports`]) and waits until its admin `/ready` answers 200; it logs
+    /// warnings and errors only. A port taken before Envoy bound it is retried on new ports.
+    pub fn start(config: &serde_yaml::Value) -> Envoy {
+        Envoy::start_logging(config, "warning")
     }
 
     /// As [`Envoy::start`], logging at `level` (`info` is Envoy's default level: tests
     /// that read the log for leaked prompt text run it there).
-    pub fn start_logging(
+    pub fn start_logging(config: &serde_yaml::Value, level: &str) -> Envoy {
+        crate::with_port_retries("envoy", |_| {
+            let (admin_port, listen_port) = (crate::free_port(), crate::free_port());
+            let mut config = config.clone();
+            crate::config::set_ports(&mut config, admin_port, listen_port);
+            Envoy::try_start(&config, admin_port, listen_port, level)
+        })
+    }
+
+    /// One try: `Err` (with the log) when Envoy exited because a port was taken.
+    fn try_start(
         config: &serde_yaml::Value,
         admin_port: u16,
         listen_port: u16,
         level: &str,
-    ) -> Envoy {
+    ) -> Result<Envoy, String> {
         let dir =
             std::env::temp_dir().join(format!("cohort-envoy-{}-{listen_port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -105,18 +118,22 @@ impl Envoy {
             listen_port,
             dir,
         };
-        envoy.wait_ready();
-        envoy
+        match envoy.wait_ready() {
+            Ok(()) => Ok(envoy),
+            Err(log) if crate::port_was_taken(&log) => Err(log),
+            Err(log) => panic!("envoy exited before ready:\n{log}"),
+        }
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits for admin `/ready`; `Err(log)` when Envoy exited first.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("envoy exited with {status} before ready:\n{}", self.log());
+                return Err(format!("exit {status}\n{}", self.log()));
             }
             if let Ok((200, _)) = admin_get(self.admin_port, "/ready") {
-                return;
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -167,6 +184,10 @@ impl Envoy {
 
 impl Drop for Envoy {
     fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            return;
+        }
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -12,7 +12,8 @@
 //! - [`client`]: a minimal HTTP/1.1 client over a raw socket, so tests control every byte;
 //! - [`h2`]: an HTTP/2 cleartext (prior knowledge) client with raw header values and paced bodies.
 //! - [`load`]: closed-loop load with a unique id per request, outcomes kept for windows;
-//! - [`procstat`]: a process's RSS and open file descriptors from `/proc`.
+//! - [`procstat`]: a process's RSS and open file descriptors from `/proc`;
+//! - [`stack`]: Envoy, `cohort serve` and the engines behind them, built in one place.
 
 pub mod batcher;
 pub mod chromium;
@@ -23,6 +24,7 @@ pub mod h2;
 pub mod llama;
 pub mod load;
 pub mod procstat;
+pub mod stack;
 pub mod upstream;
 
 use std::path::PathBuf;
@@ -67,9 +69,6 @@ pub fn free_port() -> u16 {
     panic!("no free loopback port between {LOWEST} and {ephemeral_low}");
 }
 
-/// Serialises the tests of one test binary that take the whole machine (load at
-/// saturation, real engines, latency claims): hold the guard for the test's duration.
-/// Tests in a binary otherwise run in parallel, one per core.
 /// Waits until `check` holds or `timeout` passes (polling every 50 ms); returns whether it
 /// held.
 pub fn eventually(timeout: std::time::Duration, mut check: impl FnMut() -> bool) -> bool {
@@ -83,7 +82,120 @@ pub fn eventually(timeout: std::time::Duration, mut check: impl FnMut() -> bool)
     check()
 }
 
+/// How long a test watches for something that must not happen (a warm-up that a knob
+/// forbids, a prefix that must not be warmed again) before it concludes that it did not.
+/// Each such check has a positive control in the same test: the same action with the
+/// condition met shows its effect within this window, observed the same way, so a feature
+/// that broke entirely fails the test instead of passing it.
+pub const QUIET_WINDOW: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// Watches `check` for `window` (polling every 50 ms): returns false as soon as it fails,
+/// true when it held throughout. The negative counterpart of [`eventually`]: "nothing
+/// happened" is only known at the end of a deliberate window.
+pub fn stays(window: std::time::Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + window;
+    while std::time::Instant::now() < deadline {
+        if !check() {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    check()
+}
+
+/// Serialises the tests that take the whole machine (load at saturation, real engines,
+/// latency claims): hold the guard for the test's duration. The end-to-end tests are one
+/// test binary, so this serialises them across every module; tests otherwise run in
+/// parallel, one per core.
 pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     ONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The `p`-quantile (0–1) of `values`: the value at rank `(n - 1) · p`, rounded, after
+/// sorting; zero when there are none.
+pub fn percentile(
+    values: impl IntoIterator<Item = std::time::Duration>,
+    p: f64,
+) -> std::time::Duration {
+    let mut values: Vec<std::time::Duration> = values.into_iter().collect();
+    values.sort_unstable();
+    values
+        .get(((values.len() as f64 - 1.0) * p).round() as usize)
+        .copied()
+        .unwrap_or_default()
+}
+
+/// Runs `start` with fresh ports until the process it starts binds them: `start` gets an
+/// attempt number and returns `Err(reason)` when the child failed because a port was
+/// taken between [`free_port`] and its bind (another test's server or an outgoing
+/// connection), and the harness tries again with new ports; any other failure panics
+/// inside `start`.
+pub fn with_port_retries<T>(what: &str, mut start: impl FnMut(u32) -> Result<T, String>) -> T {
+    const ATTEMPTS: u32 = 5;
+    let mut last = String::new();
+    for attempt in 0..ATTEMPTS {
+        match start(attempt) {
+            Ok(started) => return started,
+            Err(reason) => last = reason,
+        }
+    }
+    panic!("{what}: a port was taken on each of {ATTEMPTS} tries; last:\n{last}");
+}
+
+/// Whether a child's log says that it could not bind its port (the wording of Envoy,
+/// `cohort serve`, llama-server and the OS).
+pub fn port_was_taken(log: &str) -> bool {
+    let log = log.to_ascii_lowercase();
+    log.contains("address already in use")
+        || log.contains("addrinuse")
+        || log.contains("couldn't bind")
+        || log.contains("cannot bind")
+        || log.contains("failed to bind")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_children_s_messages_for_a_taken_port_are_recognised() {
+        for log in [
+            // Envoy
+            "error `cannot bind '127.0.0.1:17774': Address already in use` initializing config",
+            // cohort serve
+            "Error: cannot listen for gRPC on 127.0.0.1:17771\n\nCaused by:\n    Address already in use (os error 98)",
+            // llama-server
+            "couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 17775",
+        ] {
+            assert!(port_was_taken(log), "{log}");
+        }
+        assert!(!port_was_taken("error: unknown argument --nope"));
+    }
+
+    #[test]
+    fn a_start_is_tried_again_while_its_port_was_taken() {
+        let mut tries = Vec::new();
+        let started = with_port_retries("test", |attempt| {
+            tries.push(attempt);
+            if attempt < 2 {
+                Err("Address already in use".to_owned())
+            } else {
+                Ok(attempt)
+            }
+        });
+        assert_eq!((started, tries), (2, vec![0, 1, 2]));
+    }
+
+    #[test]
+    fn percentile_rounds_the_rank() {
+        let ms = |v: &[u64]| {
+            v.iter()
+                .map(|&m| std::time::Duration::from_millis(m))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(percentile(ms(&[30, 10, 20, 40]), 0.5).as_millis(), 30);
+        assert_eq!(percentile(ms(&[30, 10, 20, 40]), 0.99).as_millis(), 40);
+        assert_eq!(percentile(ms(&[]), 0.5), std::time::Duration::ZERO);
+    }
 }

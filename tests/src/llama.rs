@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 pub struct Llama {
     child: Child,
     pub port: u16,
+    log: std::path::PathBuf,
 }
 
 impl Llama {
@@ -21,35 +22,43 @@ impl Llama {
             server.exists() && model.exists(),
             "llama-server or the model is missing: run scripts/install-engine"
         );
-        let port = crate::free_port();
-        let child = Command::new(server)
-            .args(["-m", &model.to_string_lossy()])
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["-c", &(2048 * slots).to_string(), "-np", &slots.to_string()])
-            .args(["-t", "1", "--cache-ram", "0", "--swa-full", "--metrics"])
-            .args(["--chat-template-file"])
-            .arg(root.join("data/engines/gemma_chat_template.jinja"))
-            .args(["-a", "gemma-3-270m"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start llama-server");
-        let mut llama = Llama { child, port };
-        llama.wait_healthy();
-        llama
+        crate::with_port_retries("llama-server", |_| {
+            let port = crate::free_port();
+            let log = std::env::temp_dir()
+                .join(format!("cohort-llama-{}-{port}.log", std::process::id()));
+            let child = Command::new(&server)
+                .args(["-m", &model.to_string_lossy()])
+                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                .args(["-c", &(2048 * slots).to_string(), "-np", &slots.to_string()])
+                .args(["-t", "1", "--cache-ram", "0", "--swa-full", "--metrics"])
+                .args(["--chat-template-file"])
+                .arg(root.join("data/engines/gemma_chat_template.jinja"))
+                .args(["-a", "gemma-3-270m"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).expect("llama-server log"))
+                .spawn()
+                .expect("start llama-server");
+            let mut llama = Llama { child, port, log };
+            llama.wait_healthy().map(|()| llama)
+        })
     }
 
-    fn wait_healthy(&mut self) {
+    /// Waits for `/health`; `Err(log)` when it exited because its port was taken.
+    fn wait_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if let Ok(r) = crate::client::request(self.port, "GET", "/health", &[], b"") {
                 if r.status == 200 {
-                    return;
+                    return Ok(());
                 }
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("llama-server exited with {status}");
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                if crate::port_was_taken(&log) {
+                    return Err(log);
+                }
+                panic!("llama-server exited with {status}:\n{log}");
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -71,5 +80,6 @@ impl Drop for Llama {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }

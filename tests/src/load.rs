@@ -75,14 +75,9 @@ pub fn run(plan: &Plan<'_>, stop: &AtomicBool) -> Vec<Outcome> {
     all
 }
 
-/// The `p`-quantile (0–1) of the latencies of `outcomes`, zero when there are none.
-pub fn percentile<'a>(outcomes: impl IntoIterator<Item = &'a Outcome>, p: f64) -> Duration {
-    let mut latencies: Vec<Duration> = outcomes.into_iter().map(|o| o.latency).collect();
-    latencies.sort();
-    latencies
-        .get(((latencies.len() as f64 - 1.0) * p).round() as usize)
-        .copied()
-        .unwrap_or_default()
+/// The latencies of `outcomes` (for [`crate::percentile`]).
+pub fn latencies(outcomes: &[Outcome]) -> impl Iterator<Item = Duration> + '_ {
+    outcomes.iter().map(|o| o.latency)
 }
 
 /// The outcomes of requests started in `[from, to)`.

@@ -81,9 +81,15 @@ impl Upstream {
     }
 
     fn spawn(name: &str, log: Log) -> Upstream {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        // A port from the harness's range (never the kernel's ephemeral range): taken by
+        // the time it binds, another is tried.
+        let (listener, port) = crate::with_port_retries("upstream", |_| {
+            let port = crate::free_port();
+            std::net::TcpListener::bind(("127.0.0.1", port))
+                .map(|listener| (listener, port))
+                .map_err(|e| e.to_string())
+        });
         listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
         let received = Arc::new(log);
         let behaviour = Arc::new(Behaviour::default());
         let (shutdown, mut stop) = tokio::sync::oneshot::channel::<()>();

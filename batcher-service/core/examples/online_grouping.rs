@@ -18,20 +18,10 @@ use cohort_fingerprint::{IntentSketch, SemanticMode};
 use std::collections::{BTreeSet, HashMap};
 
 fn by_intent() -> Vec<Vec<String>> {
-    let csv = std::fs::read_to_string("data/intent/banking77_test.csv")
-        .expect("run from the workspace root: data/intent/banking77_test.csv");
-    let mut by: Vec<(String, Vec<String>)> = Vec::new();
-    for row in csv.lines().skip(1) {
-        let Some((text, label)) = row.rsplit_once(',') else {
-            continue;
-        };
-        let text = text.trim_matches('"').to_owned();
-        match by.iter_mut().find(|(l, _)| l == label) {
-            Some((_, texts)) => texts.push(text),
-            None => by.push((label.to_owned(), vec![text])),
-        }
-    }
-    by.into_iter().map(|(_, texts)| texts).collect()
+    cohort_fingerprint::banking77::test_by_intent()
+        .into_iter()
+        .map(|(_, texts)| texts)
+        .collect()
 }
 
 /// Cohorts, then the least, median and mean share of an intent in its largest cohort.

@@ -1409,15 +1409,13 @@ fn every_filter_stat_name_is_documented() {
 
 /// `istio/envoy/affinity.yaml` over one recording upstream, with the cohort HTTP filter
 /// replaced by `filter` and the EnvoyFilter's listener patch merged in.
-fn envoy_with(filter: serde_yaml::Value, upstream: &Upstream) -> (serde_yaml::Value, u16, u16) {
+fn envoy_with(filter: serde_yaml::Value, upstream: &Upstream) -> serde_yaml::Value {
     let base = build(&workspace().join("istio/base"));
     let envoy_filter = find(&base, "EnvoyFilter", "cohort");
     let patches = envoy_filter["spec"]["configPatches"].as_array().unwrap();
     let listener_patch = patches.iter().find(|p| p["applyTo"] == "LISTENER").unwrap();
 
     let mut config = cohort_config::load("affinity");
-    let (admin, listen) = (free_port(), free_port());
-    cohort_config::set_ports(&mut config, admin, listen);
     cohort_config::set_endpoints(&mut config, "engines", &[upstream.port]);
     let listener = &mut config["static_resources"]["listeners"][0];
     for (key, value) in listener_patch["patch"]["value"].as_object().unwrap() {
@@ -1428,7 +1426,7 @@ fn envoy_with(filter: serde_yaml::Value, upstream: &Upstream) -> (serde_yaml::Va
         .unwrap();
     let cohort = filters.iter_mut().find(|f| f["name"] == "cohort").unwrap();
     *cohort = filter;
-    (config, admin, listen)
+    config
 }
 
 fn chat_request() -> Vec<u8> {
@@ -1458,10 +1456,15 @@ fn the_envoy_filters_wasm_config_routes_requests_in_envoy() {
         "local": { "filename": cohort_config::filter_wasm().to_string_lossy() }
     });
     let upstream = Upstream::start("engine");
-    let (config, admin, listen) = envoy_with(serde_yaml::to_value(&resource).unwrap(), &upstream);
-    let envoy = Envoy::start(&config, admin, listen);
+    let config = envoy_with(serde_yaml::to_value(&resource).unwrap(), &upstream);
+    let envoy = Envoy::start(&config);
 
-    let response = post_json(listen, "/v1/chat/completions", &[], &chat_request());
+    let response = post_json(
+        envoy.listen_port,
+        "/v1/chat/completions",
+        &[],
+        &chat_request(),
+    );
     assert_eq!(response.status, 200, "{}", envoy.log());
     let cohort = response.header("x-cohort").expect("the filter answered");
     assert!(cohort.contains("mode=affinity"), "{cohort}");
@@ -1493,13 +1496,17 @@ fn without_allow_on_headers_stop_iteration_requests_stall() {
         "local": { "filename": cohort_config::filter_wasm().to_string_lossy() }
     });
     let upstream = Upstream::start("engine");
-    let (mut config, admin, listen) =
-        envoy_with(serde_yaml::to_value(&resource).unwrap(), &upstream);
+    let mut config = envoy_with(serde_yaml::to_value(&resource).unwrap(), &upstream);
     config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
         ["request_timeout"] = "2s".into();
-    let envoy = Envoy::start(&config, admin, listen);
+    let envoy = Envoy::start(&config);
 
-    let response = post_json(listen, "/v1/chat/completions", &[], &chat_request());
+    let response = post_json(
+        envoy.listen_port,
+        "/v1/chat/completions",
+        &[],
+        &chat_request(),
+    );
     assert_ne!(response.status, 200, "{}", envoy.log());
     assert_eq!(upstream.received().len(), 0);
 }
@@ -1518,7 +1525,7 @@ fn the_envoy_filters_http_filter_fails_open_until_the_module_arrives() {
         .unwrap();
     let upstream = Upstream::start("engine");
     let filter = serde_yaml::to_value(&http_filter["patch"]["value"]).unwrap();
-    let (mut config, admin, listen) = envoy_with(filter, &upstream);
+    let mut config = envoy_with(filter, &upstream);
     // ADS from a control plane that is not there (a closed loopback port).
     let xds: serde_yaml::Value = serde_yaml::from_str(&format!(
         "name: xds
@@ -1545,9 +1552,14 @@ load_assignment:
     )
     .unwrap();
     config["node"] = serde_yaml::from_str("{ id: sidecar-test, cluster: llm-client }").unwrap();
-    let envoy = Envoy::start(&config, admin, listen);
+    let envoy = Envoy::start(&config);
 
-    let response = post_json(listen, "/v1/chat/completions", &[], &chat_request());
+    let response = post_json(
+        envoy.listen_port,
+        "/v1/chat/completions",
+        &[],
+        &chat_request(),
+    );
     assert_eq!(response.status, 200, "{}", envoy.log());
     assert!(response.header("x-cohort").is_none());
     let received = upstream.received();

@@ -20,12 +20,11 @@
 //! Needs `scripts/setup` (Envoy, llama-server and the model), `scripts/build-wasm` and the
 //! `cohort` binary; `scripts/test` provides all of them.
 
-use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, post_stream, Response};
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
-use cohort_tests::envoy::Envoy;
+use cohort_tests::config::set_endpoints;
 use cohort_tests::llama::Llama;
-use cohort_tests::{eventually, free_port, one_at_a_time};
+use cohort_tests::stack::Stack;
+use cohort_tests::{eventually, one_at_a_time};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -86,7 +85,8 @@ fn kill_under_load(
                 })
             })
             .collect();
-        // Let the requests reach the engines, then kill the victim under them.
+        // Deliberate window: 300 ms for the requests to reach the engines, then the victim
+        // is killed under them.
         std::thread::sleep(Duration::from_millis(300));
         replicas[victim] = None;
         let killed = Instant::now();
@@ -137,14 +137,12 @@ fn slowest(answers: &[(Response, Duration)]) -> Duration {
 fn a_replica_killed_under_affinity_routing_fails_nothing_and_its_keys_move() {
     // One at a time: each runs two llama.cpp replicas on the two CI cores.
     let _alone = one_at_a_time();
-    let mut replicas = vec![Some(Llama::start(2)), Some(Llama::start(2))];
-    let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
-    let mut config = config::load("affinity");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
-    set_endpoints(&mut config, "engines", &ports);
-    set_filter(&mut config, &json!({"mode": "affinity"}).to_string());
-    let envoy = Envoy::start(&config, admin, listen);
+    let mut stack = Stack::plain("affinity")
+        .llama(2, 2)
+        .filter(json!({"mode": "affinity"}))
+        .envoy_config(|config, ports| set_endpoints(config, "engines", ports))
+        .start();
+    let (envoy, replicas) = (&stack.envoy, &mut stack.llamas);
     let port = envoy.listen_port;
 
     // Which replica owns each application's key (the ring hash is deterministic).
@@ -167,7 +165,7 @@ fn a_replica_killed_under_affinity_routing_fails_nothing_and_its_keys_move() {
     );
     let victim_app = owners.iter().position(|&o| o == 0).unwrap();
 
-    let (in_flight, victim) = kill_under_load(port, victim_app, &mut replicas, |_| 0);
+    let (in_flight, victim) = kill_under_load(port, victim_app, replicas, |_| 0);
     let survivor = 1 - victim;
     let retries = envoy.stat("cluster.engines.upstream_rq_retry");
     let overflow = envoy.stat("cluster.engines.upstream_rq_retry_overflow");
@@ -219,24 +217,17 @@ fn a_replica_killed_under_affinity_routing_fails_nothing_and_its_keys_move() {
 fn a_replica_killed_under_the_batch_front_fails_nothing_and_new_requests_avoid_it() {
     // One at a time: each runs two llama.cpp replicas on the two CI cores.
     let _alone = one_at_a_time();
-    let mut replicas = vec![Some(Llama::start(2)), Some(Llama::start(2))];
-    let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
-    let batcher = Batcher::start(BatcherSpec::over_engines(&ports));
-    // As batch_llama.rs: a deadline a loaded 2-core machine meets, so requests are batched.
-    // Returns once the front and both replicas behind it passed their first health check
-    // (until then Envoy sends marked requests to the replicas directly) …
-    let envoy = Envoy::batch_with(
-        batcher.spec.grpc_port,
-        batcher.spec.front_port.unwrap(),
-        &ports,
-        &json!({"mode": "batch", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]})
-            .to_string(),
-    );
-    // … and the front's first engine probe (slot counts from /props) has run.
+    // As batch_llama.rs: a deadline a loaded 2-core machine meets (the default 250 ms), so
+    // requests are batched. Returns once the front and both replicas behind it passed their
+    // first health check (until then Envoy sends marked requests to the replicas directly).
+    let mut stack = Stack::batch().llama(2, 2).start();
+    // Deliberate window: the front's first engine probe (slot counts from /props) runs at
+    // start and shows in no metric (the replicas count as up before it); give it a beat.
     std::thread::sleep(Duration::from_millis(1500));
+    let (envoy, batcher, replicas) = (&stack.envoy, &stack.batchers[0], &mut stack.llamas);
     let port = envoy.listen_port;
 
-    let (in_flight, victim) = kill_under_load(port, 0, &mut replicas, |stream| {
+    let (in_flight, victim) = kill_under_load(port, 0, replicas, |stream| {
         let tag = stream
             .header("x-cohort-batch")
             .unwrap_or_else(|| panic!("not through the front: {:?}", stream.headers));
@@ -287,17 +278,15 @@ fn a_replica_killed_under_the_batch_front_fails_nothing_and_new_requests_avoid_i
 fn a_replica_killed_under_assign_mode_fails_nothing_and_is_assigned_nothing_after_the_probe() {
     // One at a time: each runs two llama.cpp replicas on the two CI cores.
     let _alone = one_at_a_time();
-    let mut replicas = vec![Some(Llama::start(2)), Some(Llama::start(2))];
-    let ports: Vec<u16> = replicas.iter().flatten().map(|r| r.port).collect();
     // Replica URLs: the batcher probes them every second (its front listens, unused).
-    let batcher = Batcher::start(BatcherSpec::over_engines(&ports));
-    let envoy = Envoy::start_assign(batcher.spec.grpc_port, &ports);
+    let mut stack = Stack::assign().llama(2, 2).start();
+    let (envoy, batcher, replicas) = (&stack.envoy, &stack.batchers[0], &mut stack.llamas);
     let port = envoy.listen_port;
     let metric = |s: &str| batcher.metric(s);
     let up = |r: usize| metric(&format!("cohort_engine_up{{replica=\"replica-{r}\"}}"));
     assert!(eventually(Duration::from_secs(5), || up(0) == 1.0 && up(1) == 1.0));
 
-    let (in_flight, victim) = kill_under_load(port, 0, &mut replicas, |_| {
+    let (in_flight, victim) = kill_under_load(port, 0, replicas, |_| {
         // The stream is the only request in flight: its replica is the victim.
         let in_flight = |r: usize| {
             metric(&format!(

@@ -15,12 +15,11 @@
 //! Needs `scripts/setup` (Envoy), `scripts/build-wasm` (the filter) and the `cohort`
 //! binary (built by `cargo test --workspace`); `scripts/test` does all three.
 
-use cohort_tests::batcher::{Batcher, BatcherSpec};
-use cohort_tests::envoy::Envoy;
-use cohort_tests::load::{self, percentile, reconcile, window, Outcome, Plan, ID_HEADER};
+use cohort_tests::load::{self, latencies, reconcile, window, Outcome, Plan, ID_HEADER};
 use cohort_tests::procstat::{self, Sample};
+use cohort_tests::stack::{Replicas, Stack};
 use cohort_tests::upstream::Upstream;
-use cohort_tests::{free_port, one_at_a_time};
+use cohort_tests::{one_at_a_time, percentile};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -29,45 +28,18 @@ const CHAT: &str = "/v1/chat/completions";
 /// Clients sending back to back: enough to keep the 2 CI cores busy.
 const CLIENTS: usize = 16;
 
-struct Stack {
-    engines: Vec<Upstream>,
-    batcher: Batcher,
-    envoy: Envoy,
-}
-
-fn stack(extra_args: Vec<String>) -> Stack {
-    let engines: Vec<Upstream> = (0..3)
-        .map(|i| Upstream::counting(&format!("replica-{i}"), ID_HEADER))
-        .collect();
-    let batcher = Batcher::start(BatcherSpec {
-        grpc_port: free_port(),
-        http_port: free_port(),
-        replicas: engines
-            .iter()
-            .map(|e| format!("{}=openai+http://127.0.0.1:{}", e.name, e.port))
-            .collect(),
-        shard_index: 0,
-        shard_count: 1,
-        front_port: Some(free_port()),
-        extra_args,
-    });
-    let ports: Vec<u16> = engines.iter().map(|e| e.port).collect();
+/// Batch mode over three counting engines that answer at once.
+fn stack(extra_args: &[&str]) -> Stack {
     // At saturation the clients, Envoy, the batcher and the engines share two cores, and
     // an Assign can wait longer than the shipped 25 ms for a core; such a request skips
     // the front (correctly), so the soak allows 100 ms to keep the front in the path.
     // Returns once the front and the three replicas behind it passed their health check.
-    let envoy = Envoy::batch_with(
-        batcher.spec.grpc_port,
-        batcher.spec.front_port.unwrap(),
-        &ports,
-        &json!({"mode": "batch", "assign_deadline_ms": 100, "batcher_clusters": ["cohort-batcher-0"]})
-            .to_string(),
-    );
-    Stack {
-        engines,
-        batcher,
-        envoy,
-    }
+    Stack::batch()
+        .counting(3, ID_HEADER)
+        .replicas(Replicas::Adapter("openai"))
+        .batcher_args(extra_args)
+        .filter(json!({"assign_deadline_ms": 100}))
+        .start()
 }
 
 /// Request `id`: 24 applications (each its own system prompt) × 50 questions, so the
@@ -102,13 +74,13 @@ fn plan(port: u16, cap: Duration) -> Plan<'static> {
 }
 
 /// Every id the engines received, over the three of them.
-fn engine_ids(engines: &[Upstream]) -> Vec<u64> {
-    engines.iter().flat_map(Upstream::ids).collect()
+fn engine_ids(stack: &Stack) -> Vec<u64> {
+    stack.upstreams().flat_map(Upstream::ids).collect()
 }
 
 /// Asserts 0 failed and 0 lost: every request answered 200, and the engines received every
 /// id exactly once and nothing else.
-fn assert_all_answered_and_counted(outcomes: &[Outcome], engines: &[Upstream]) {
+fn assert_all_answered_and_counted(outcomes: &[Outcome], stack: &Stack) {
     let failed: Vec<&Outcome> = outcomes.iter().filter(|o| o.status != 200).collect();
     assert!(
         failed.is_empty(),
@@ -117,7 +89,7 @@ fn assert_all_answered_and_counted(outcomes: &[Outcome], engines: &[Upstream]) {
         outcomes.len(),
         failed.first()
     );
-    let (lost, duplicated, unknown) = reconcile(outcomes, engine_ids(engines));
+    let (lost, duplicated, unknown) = reconcile(outcomes, engine_ids(stack));
     assert!(
         lost.is_empty(),
         "{} answered but never reached an engine: {:?}",
@@ -150,11 +122,11 @@ fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
     let _alone = one_at_a_time();
     // A small audit log, so the bounded cache is full before the warm-up ends and the
     // leak check below measures everything else (its own bound is a unit test).
-    let stack = stack(vec!["--audit-max-records".into(), "1000".into()]);
+    let stack = stack(&["--audit-max-records", "1000"]);
     let seconds = soak_seconds();
     // A quarter of the run (5–30 s) warms up: pools, the store, the cohorts, allocators.
     let warmup = Duration::from_secs((seconds / 4).clamp(5, 30));
-    let (envoy_pid, batcher_pid) = (stack.envoy.pid(), stack.batcher.pid().unwrap());
+    let (envoy_pid, batcher_pid) = (stack.envoy.pid(), stack.batcher().pid().unwrap());
     let stop = AtomicBool::new(false);
     let started = Instant::now();
     let (outcomes, samples) = std::thread::scope(|scope| {
@@ -168,6 +140,7 @@ fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
         let mut samples: Vec<(Duration, Sample, Sample)> = Vec::new();
         for tick in 1..=seconds {
             let due = started + Duration::from_secs(tick);
+            // Deliberate window: the samples are taken on a fixed schedule.
             std::thread::sleep(due.saturating_duration_since(Instant::now()));
             let (Some(envoy), Some(batcher)) =
                 (procstat::sample(envoy_pid), procstat::sample(batcher_pid))
@@ -185,14 +158,14 @@ fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
         "both processes alive throughout: {} samples",
         samples.len()
     );
-    assert_all_answered_and_counted(&outcomes, &stack.engines);
+    assert_all_answered_and_counted(&outcomes, &stack);
 
     let batched = outcomes.iter().filter(|o| o.batched).count();
     let leaders = stack
-        .batcher
+        .batcher()
         .metric("cohort_front_requests_total{role=\"leader\"}");
     let followers = stack
-        .batcher
+        .batcher()
         .metric("cohort_front_requests_total{role=\"follower\"}");
     let warm = samples
         .iter()
@@ -206,10 +179,10 @@ fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
         outcomes.len(),
         outcomes.len() as f64 / elapsed,
         batched,
-        percentile(&outcomes, 0.5),
-        percentile(&outcomes, 0.99),
-        percentile(&measured, 0.5),
-        percentile(&measured, 0.99),
+        percentile(latencies(&outcomes), 0.5),
+        percentile(latencies(&outcomes), 0.99),
+        percentile(latencies(&measured), 0.5),
+        percentile(latencies(&measured), 0.99),
     );
     println!(
         "envoy: after warm-up ({:?}) {}, end ({:?}) {}",
@@ -219,9 +192,9 @@ fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
         "cohort serve: after warm-up {}, end {}; store {} entries ({} bytes), {} cohorts",
         warm.2,
         end.2,
-        stack.batcher.metric("cohort_store_entries"),
-        stack.batcher.metric("cohort_store_bytes"),
-        stack.batcher.metric("cohort_cohorts"),
+        stack.batcher().metric("cohort_store_entries"),
+        stack.batcher().metric("cohort_store_bytes"),
+        stack.batcher().metric("cohort_cohorts"),
     );
     for (t, envoy, batcher) in samples.iter().step_by((samples.len() / 10).max(1)) {
         println!(
@@ -250,7 +223,7 @@ fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
         // and after that change, but now about 5 of them open after the warm-up; one more
         // per engine is allowed for that.
         assert!(
-            at_end.fds <= at_warm.fds + CLIENTS / 4 + stack.engines.len(),
+            at_end.fds <= at_warm.fds + CLIENTS / 4 + stack.upstreams().count(),
             "{name}: file descriptors grew {at_warm} → {at_end}"
         );
     }
@@ -260,18 +233,15 @@ fn soak_at_saturation_loses_nothing_and_leaks_nothing() {
 fn sigterm_under_saturation_drains_without_failing_or_losing_a_request() {
     // One at a time: each saturates the machine.
     let _alone = one_at_a_time();
-    let mut stack = stack(vec!["--drain-delay-ms".into(), "1500".into()]);
+    let mut stack = stack(&["--drain-delay-ms", "1500"]);
     let stop = AtomicBool::new(false);
+    let port = stack.port();
     let (outcomes, signalled, exited, status) = std::thread::scope(|scope| {
-        let load = scope.spawn(|| {
-            load::run(
-                &plan(stack.envoy.listen_port, Duration::from_secs(60)),
-                &stop,
-            )
-        });
+        let load = scope.spawn(|| load::run(&plan(port, Duration::from_secs(60)), &stop));
+        // Deliberate windows of load: 3 s before SIGTERM, 2 s after the exit.
         std::thread::sleep(Duration::from_secs(3));
         let signalled = Instant::now();
-        let status = stack.batcher.terminate();
+        let status = stack.batcher_mut().terminate();
         let exited = Instant::now();
         std::thread::sleep(Duration::from_secs(2));
         stop.store(true, Ordering::Relaxed);
@@ -287,17 +257,17 @@ fn sigterm_under_saturation_drains_without_failing_or_losing_a_request() {
         outcomes.len(),
         before.len(),
         via_front(&before),
-        percentile(&before, 0.99),
+        percentile(latencies(&before), 0.99),
         exited - signalled,
         draining.len(),
         via_front(&draining),
-        percentile(&draining, 0.99),
+        percentile(latencies(&draining), 0.99),
         after.len(),
         via_front(&after),
-        percentile(&after, 0.99),
+        percentile(latencies(&after), 0.99),
     );
     assert!(status.success(), "exits 0 after draining: {status}");
-    assert_all_answered_and_counted(&outcomes, &stack.engines);
+    assert_all_answered_and_counted(&outcomes, &stack);
     assert!(via_front(&before) > 0, "the front served before SIGTERM");
     assert!(!after.is_empty(), "load continued after the batcher exited");
     assert_eq!(

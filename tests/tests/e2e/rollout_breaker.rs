@@ -12,9 +12,8 @@
 //!   timeline: requests, errors and the breaker state per half second.
 
 use cohort_tests::client::Connection;
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
+use cohort_tests::config::{self, set_endpoints, set_filter};
 use cohort_tests::envoy::Envoy;
-use cohort_tests::free_port;
 use cohort_tests::upstream::Upstream;
 use serde_json::json;
 use serde_yaml::Value;
@@ -47,14 +46,13 @@ fn verdict(header: Option<&str>) -> String {
 fn a_share_of_users_is_routed_and_the_hold_out_reaches_the_upstream_as_sent() {
     let ups: Vec<Upstream> = (0..2).map(|i| Upstream::start(&format!("u{i}"))).collect();
     let mut config = config::load("affinity");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
     set_endpoints(&mut config, "engines", &[ups[0].port, ups[1].port]);
     set_filter(
         &mut config,
         r#"{"mode":"affinity","rollout":{"share":0.05,"key_header":"x-user-id"}}"#,
     );
-    let envoy = Envoy::start(&config, admin, listen);
+    let envoy = Envoy::start(&config);
+    let listen = envoy.listen_port;
 
     const USERS: usize = 2_000;
     const PER_USER: usize = 5;
@@ -164,8 +162,6 @@ fn a_share_of_users_is_routed_and_the_hold_out_reaches_the_upstream_as_sent() {
 /// `routed`, everything else to `direct`.
 fn split_stack(routed: &Upstream, direct: &Upstream, plugin: &str) -> Envoy {
     let mut config = config::load("affinity");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
     let clusters = config["static_resources"]["clusters"]
         .as_sequence_mut()
         .unwrap();
@@ -193,7 +189,7 @@ fn split_stack(routed: &Upstream, direct: &Upstream, plugin: &str) -> Envoy {
     *routes = Value::Sequence(vec![cohort, rest]);
     set_filter(&mut config, plugin);
     config["stats_flush_interval"] = Value::from("1s");
-    Envoy::start(&config, admin, listen)
+    Envoy::start(&config)
 }
 
 /// One request's fate in a breaker run.
@@ -248,6 +244,7 @@ fn run_scenario(
             while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(60) {
                 let state = envoy.stat("wasmcustom.cohort_breaker_state");
                 states.lock().unwrap().push((start.elapsed(), state));
+                // Deliberate window: the state is sampled every 100 ms for the timeline.
                 std::thread::sleep(Duration::from_millis(100));
             }
         });
@@ -293,14 +290,10 @@ fn print_timeline(sent: &[Sent], states: &[(Duration, u64)]) {
 
 /// Waits until the breaker's state gauge reads `want`; returns when, or panics.
 fn wait_state(state: &dyn Fn() -> u64, want: u64, within: Duration) -> Instant {
-    let deadline = Instant::now() + within;
-    while state() != want {
-        assert!(
-            Instant::now() < deadline,
-            "breaker never reached state {want}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        cohort_tests::eventually(within, || state() == want),
+        "breaker never reached state {want}"
+    );
     Instant::now()
 }
 
@@ -320,6 +313,7 @@ fn the_breaker_opens_on_cohort_errors_and_closes_after_recovery() {
     let envoy = split_stack(&routed, &direct, BREAKER);
     let mut marks = BTreeMap::new();
     let (sent, states) = run_scenario(&envoy, 3, |start, state| {
+        // Deliberate windows of load: 2 s healthy, 2 s open, 2 s closed again.
         std::thread::sleep(Duration::from_secs(2));
         routed.set_status(503);
         marks.insert("fault", start.elapsed());
@@ -389,6 +383,7 @@ fn the_breaker_opens_when_cohort_traffic_turns_five_times_slower() {
     let envoy = split_stack(&routed, &direct, BREAKER);
     let mut marks = BTreeMap::new();
     let (sent, states) = run_scenario(&envoy, 4, |start, state| {
+        // Deliberate windows of load: 2 s healthy and equal, 2 s open.
         std::thread::sleep(Duration::from_secs(2));
         assert_eq!(state(), 0, "healthy and equal: closed");
         routed.set_delay(Duration::from_millis(100));
@@ -433,16 +428,14 @@ fn routes_cohort_is_not_enabled_for_are_left_alone() {
     ] {
         let upstream = Upstream::start("u");
         let mut config = config::load("affinity");
-        let (admin, listen) = (free_port(), free_port());
-        set_ports(&mut config, admin, listen);
         set_endpoints(&mut config, "engines", &[upstream.port]);
         config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
             ["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0]["name"] =
             Value::from("legacy-chat");
         set_filter(&mut config, plugin);
-        let envoy = Envoy::start(&config, admin, listen);
+        let envoy = Envoy::start(&config);
         let body = chat("where is my refund");
-        let mut connection = Connection::new(listen);
+        let mut connection = Connection::new(envoy.listen_port);
         let response = connection.post_json(CHAT, &[], &body).unwrap();
         assert_eq!(verdict(response.header("x-cohort")), expected, "{plugin}");
         let got = upstream.received().pop().unwrap();
@@ -475,6 +468,9 @@ fn without_a_hold_out_the_breaker_records_nothing_and_stays_closed() {
             .unwrap();
         assert_eq!(verdict(r.header("x-cohort")), "routed");
     }
+    // Deliberate window: past the breaker's 1 s window, then nothing may have opened it
+    // (with a hold-out the same faults open it:
+    // `the_breaker_opens_on_cohort_errors_and_closes_after_recovery`).
     std::thread::sleep(Duration::from_millis(1200));
     let r = connection
         .post_json(CHAT, &[], &chat("where is my refund"))

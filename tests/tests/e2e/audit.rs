@@ -4,11 +4,10 @@
 //! `GET /v1/audit/{id}` and `cohort audit <id>` for the request's tenant, in assign mode
 //! and in batch mode (with the front's batch role), and refuses another tenant.
 
-use cohort_tests::batcher::{binary, Batcher, BatcherSpec};
+use cohort_tests::batcher::binary;
 use cohort_tests::client::{post_json, request};
-use cohort_tests::envoy::Envoy;
-use cohort_tests::upstream::Upstream;
-use cohort_tests::{eventually, free_port};
+use cohort_tests::eventually;
+use cohort_tests::stack::{Replicas, Stack};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -43,9 +42,9 @@ fn audit(http_port: u16, id: &str, tenant: &str) -> (u16, Value) {
 }
 
 /// The request ids the engines received, with the replica that got each.
-fn received_ids(engines: &[Upstream]) -> Vec<(String, String)> {
-    engines
-        .iter()
+fn received_ids(stack: &Stack) -> Vec<(String, String)> {
+    stack
+        .upstreams()
         .flat_map(|u| {
             u.received()
                 .into_iter()
@@ -60,27 +59,11 @@ fn received_ids(engines: &[Upstream]) -> Vec<(String, String)> {
 
 #[test]
 fn assign_mode_requests_are_audited_for_their_tenant_only() {
-    let engines: Vec<Upstream> = (0..3)
-        .map(|i| Upstream::start(&format!("replica-{i}")))
-        .collect();
-    let batcher = Batcher::start(BatcherSpec {
-        grpc_port: free_port(),
-        http_port: free_port(),
-        replicas: (0..3).map(|i| format!("replica-{i}")).collect(),
-        shard_index: 0,
-        shard_count: 1,
-        front_port: None,
-        extra_args: Vec::new(),
-    });
-    let ports: Vec<u16> = engines.iter().map(|u| u.port).collect();
-    let envoy = Envoy::assign_with(
-        batcher.spec.grpc_port,
-        &ports,
-        &json!({"mode": "assign", "assign_deadline_ms": 2000,
-                "batcher_clusters": ["cohort-batcher-0"], "trust_tenant_header": true})
-        .to_string(),
-    );
-    let listen = envoy.listen_port;
+    let stack = Stack::assign()
+        .filter(json!({"assign_deadline_ms": 2000, "trust_tenant_header": true}))
+        .start();
+    let batcher = stack.batcher();
+    let listen = stack.port();
     for user in [
         "how do I reset my PIN?",
         "my card was declined",
@@ -94,7 +77,7 @@ fn assign_mode_requests_are_audited_for_their_tenant_only() {
         );
         assert_eq!(response.status, 200);
     }
-    let ids = received_ids(&engines);
+    let ids = received_ids(&stack);
     assert_eq!(ids.len(), 3);
     let http = batcher.spec.http_port;
     for (id, replica) in &ids {
@@ -140,10 +123,10 @@ fn assign_mode_requests_are_audited_for_their_tenant_only() {
         .all(|r| r["cached_tokens_est"] == r["prompt_tokens_est"]));
 
     // A request the filter passed through (not JSON): its reason, for its tenant.
-    let before = received_ids(&engines).len();
+    let before = received_ids(&stack).len();
     let response = post_json(listen, CHAT, &[("x-cohort-tenant", "tenant-a")], b"{oops");
     assert_eq!(response.status, 200);
-    let ids_now = received_ids(&engines);
+    let ids_now = received_ids(&stack);
     assert_eq!(ids_now.len(), before + 1);
     let seen: std::collections::BTreeSet<&String> = ids.iter().map(|(id, _)| id).collect();
     let (bypassed, _) = ids_now.iter().find(|(id, _)| !seen.contains(id)).unwrap();
@@ -188,37 +171,22 @@ fn assign_mode_requests_are_audited_for_their_tenant_only() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    drop(envoy);
+    drop(stack);
 }
 
 #[test]
 fn batch_mode_requests_are_audited_with_their_batch_role() {
-    let engines: Vec<Upstream> = (0..2)
-        .map(|i| Upstream::start(&format!("replica-{i}")))
-        .collect();
-    let batcher = Batcher::start(BatcherSpec {
-        grpc_port: free_port(),
-        http_port: free_port(),
-        replicas: engines
-            .iter()
-            .map(|u| format!("{}=vllm+http://127.0.0.1:{}", u.name, u.port))
-            .collect(),
-        shard_index: 0,
-        shard_count: 1,
-        front_port: Some(free_port()),
-        extra_args: Vec::new(),
-    });
-    let ports: Vec<u16> = engines.iter().map(|u| u.port).collect();
-    let envoy = Envoy::batch_with(
-        batcher.spec.grpc_port,
-        batcher.spec.front_port.unwrap(),
-        &ports,
-        &json!({"mode": "batch", "assign_deadline_ms": 2000,
-                "batcher_clusters": ["cohort-batcher-0"], "trust_tenant_header": true})
-        .to_string(),
-    );
+    // One at a time: the request goes through the front only while Envoy connects to it
+    // within its 250 ms connect timeout, which a loaded machine can miss.
+    let _alone = cohort_tests::one_at_a_time();
+    let stack = Stack::batch()
+        .upstreams(2)
+        .replicas(Replicas::Adapter("vllm"))
+        .filter(json!({"assign_deadline_ms": 2000, "trust_tenant_header": true}))
+        .start();
+    let batcher = stack.batcher();
     let response = post_json(
-        envoy.listen_port,
+        stack.port(),
         CHAT,
         &[("x-cohort-tenant", "tenant-a")],
         &body("how do I reset my PIN?"),
@@ -228,7 +196,7 @@ fn batch_mode_requests_are_audited_with_their_batch_role() {
         response.header("x-cohort-batch").is_some(),
         "answered through the front"
     );
-    let ids = received_ids(&engines);
+    let ids = received_ids(&stack);
     assert_eq!(ids.len(), 1);
     let (id, replica) = &ids[0];
     let http = batcher.spec.http_port;

@@ -16,73 +16,35 @@
 //! Needs `scripts/setup` (Envoy), `scripts/build-wasm` (the filter) and the `cohort`
 //! binary; `scripts/test` does all three.
 
-use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::post_json;
-use cohort_tests::envoy::Envoy;
-use cohort_tests::upstream::Upstream;
-use cohort_tests::{eventually, free_port, one_at_a_time};
+use cohort_tests::stack::{Replicas, Stack};
+use cohort_tests::{eventually, one_at_a_time, stays, QUIET_WINDOW};
 use serde_json::{json, Value};
 use std::time::Duration;
 
 const CHAT: &str = "/v1/chat/completions";
 /// A modelled prefix cache of two blocks per replica: smaller than a system prompt.
 const SMALL_CACHE: &str = "[policy]\nkv_blocks_per_replica = 2\n";
-
-struct Stack {
-    replicas: Vec<Upstream>,
-    batcher: Batcher,
-    envoy: Envoy,
-    _dir: Option<tempdir::Dir>,
-}
-
-mod tempdir {
-    /// A directory removed when dropped.
-    pub struct Dir(pub std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
+/// The batcher's count of requests whose end the filter reported.
+const END_REPORTS: &str = "cohort_progress_reports_total{phase=\"end\"}";
 
 /// Three generic OpenAI-compatible engines behind Envoy in assign mode; `serve_toml` is
 /// the batcher's configuration file, if any.
-fn stack(serve_toml: Option<&str>) -> Stack {
-    let replicas: Vec<Upstream> = (0..3)
-        .map(|i| Upstream::start(&format!("replica-{i}")))
-        .collect();
-    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
-    let mut extra_args = Vec::new();
-    let dir = serve_toml.map(|toml| {
-        let dir = std::env::temp_dir().join(format!("cohort-assign-prefetch-{}", free_port()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("serve.toml");
-        std::fs::write(&path, toml).unwrap();
-        extra_args = vec!["--config".into(), path.display().to_string()];
-        tempdir::Dir(dir)
-    });
-    let batcher = Batcher::start(BatcherSpec {
-        replicas: ports
-            .iter()
-            .enumerate()
-            .map(|(i, port)| format!("replica-{i}=openai+http://127.0.0.1:{port}"))
-            .collect(),
-        extra_args,
-        ..BatcherSpec::over_engines(&ports)
-    });
-    let envoy = Envoy::assign_with(
-        batcher.spec.grpc_port,
-        &ports,
-        r#"{"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"],
-            "trust_tenant_header": true}"#,
-    );
-    Stack {
-        replicas,
-        batcher,
-        envoy,
-        _dir: dir,
-    }
+fn stack(serve_toml: Option<&str>) -> Prefetch {
+    let stack = Stack::assign()
+        .replicas(Replicas::Adapter("openai"))
+        .filter(json!({"trust_tenant_header": true}));
+    Prefetch(
+        match serve_toml {
+            Some(toml) => stack.serve_toml(toml),
+            None => stack,
+        }
+        .start(),
+    )
 }
+
+/// The stack, with the walks of these tests.
+struct Prefetch(Stack);
 
 /// A conversation step: an application's system prompt, with the session's question.
 fn body(system: &str, question: &str) -> Vec<u8> {
@@ -93,8 +55,9 @@ fn body(system: &str, question: &str) -> Vec<u8> {
     .unwrap()
 }
 
-impl Stack {
-    /// Sends one step of `session`; returns the replica that answered.
+impl Prefetch {
+    /// Sends one step of `session`; returns the replica that answered once the filter's
+    /// observation of it (its exemplar included) and its end reached the batcher.
     fn send(&self, tenant: &str, session: &str, level: &str, system: &str) -> String {
         let headers = [
             ("x-cohort-tenant", tenant),
@@ -102,15 +65,18 @@ impl Stack {
             ("x-cohort-prefetch", level),
         ];
         let question = format!("Question of {session}");
-        let response = post_json(
-            self.envoy.listen_port,
-            CHAT,
-            &headers,
-            &body(system, &question),
-        );
+        let b = self.0.batcher();
+        let observations = b.metric("cohort_observations_total");
+        let ends = b.metric(END_REPORTS);
+        let response = post_json(self.0.port(), CHAT, &headers, &body(system, &question));
         assert_eq!(response.status, 200, "{}", response.text());
-        // Leave the filter's observation stream time to deliver (its exemplar included).
-        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            eventually(Duration::from_secs(5), || b
+                .metric("cohort_observations_total")
+                > observations
+                && b.metric(END_REPORTS) > ends),
+            "the observation and the end of {session}'s request reached the batcher"
+        );
         response.header("x-upstream").unwrap_or_default().to_owned()
     }
 
@@ -126,8 +92,8 @@ impl Stack {
 
     /// Warm-ups received so far: (replica, body).
     fn warmups(&self) -> Vec<(String, Value)> {
-        self.replicas
-            .iter()
+        self.0
+            .upstreams()
             .flat_map(|u| {
                 u.received()
                     .into_iter()
@@ -174,7 +140,7 @@ fn assign_mode_warms_the_predicted_cohort_on_its_owner() {
             .starts_with("Refund the customer's order."));
         assert_eq!(body["stream"], false);
     }
-    let b = &stack.batcher;
+    let b = stack.0.batcher();
     assert_eq!(b.metric("cohort_prefetch_issued_total"), warm.len() as f64);
     assert!(
         b.metric("cohort_prefetch_hit_total") >= 1.0,
@@ -183,12 +149,23 @@ fn assign_mode_warms_the_predicted_cohort_on_its_owner() {
     // `none` warms nothing.
     let before = stack.warmups().len();
     stack.send("t", "s4", "none", "Look up the customer's order.");
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(stack.warmups().len(), before, "x-cohort-prefetch: none");
+    assert!(
+        stays(QUIET_WINDOW, || stack.warmups().len() == before),
+        "x-cohort-prefetch: none"
+    );
     // Without a session, the tenant's interleaved requests predict nothing worth warming.
     stack.walk("t", &["", "", ""], "high");
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(stack.warmups().len(), before, "no x-cohort-session");
+    assert!(
+        stays(QUIET_WINDOW, || stack.warmups().len() == before),
+        "no x-cohort-session"
+    );
+    // Positive control: the same lookup with a session and `high`, after both, is warmed
+    // within the same window.
+    stack.send("t", "s5", "high", "Look up the customer's order.");
+    assert!(
+        eventually(QUIET_WINDOW, || stack.warmups().len() > before),
+        "a session's lookup at high is warmed within {QUIET_WINDOW:?}"
+    );
 }
 
 #[test]
@@ -198,12 +175,14 @@ fn the_batchers_knob_policy_caps_a_tenants_prefetch_in_assign_mode() {
         "{SMALL_CACHE}[knobs.tenants.capped]\nmax_prefetch = \"none\"\n"
     )));
     stack.walk("capped", &["s1", "s2", "s3"], "high");
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(stack.warmups().is_empty(), "{:?}", stack.warmups());
+    assert!(
+        stays(QUIET_WINDOW, || stack.warmups().is_empty()),
+        "{:?}",
+        stack.warmups()
+    );
+    // Positive control: another tenant's same walk is warmed within the same window.
     stack.walk("free", &["s1", "s2", "s3"], "high");
-    assert!(eventually(Duration::from_secs(3), || !stack
-        .warmups()
-        .is_empty()));
+    assert!(eventually(QUIET_WINDOW, || !stack.warmups().is_empty()));
 }
 
 #[test]
@@ -211,13 +190,27 @@ fn a_prefix_held_within_its_cache_ttl_is_not_warmed_again() {
     // The default modelled cache holds the prompts: refund's prefix counts as held on its
     // owner for its TTL (600 s), so predicting refund warms nothing.
     let _serial = one_at_a_time();
-    let stack = stack(None);
-    stack.walk("t", &["s1", "s2", "s3"], "high");
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(stack.warmups().is_empty(), "{:?}", stack.warmups());
+    let held = stack(None);
+    held.walk("t", &["s1", "s2", "s3"], "high");
     assert!(
-        stack.batcher.metric("cohort_prefetch_hit_total") == 0.0
-            && stack.batcher.metric("cohort_prefetch_miss_total") == 0.0,
+        stays(QUIET_WINDOW, || held.warmups().is_empty()),
+        "{:?}",
+        held.warmups()
+    );
+    let b = held.0.batcher();
+    assert!(
+        b.metric("cohort_prefetch_hit_total") == 0.0
+            && b.metric("cohort_prefetch_miss_total") == 0.0,
         "refund arrived warm, by the model: neither a hit nor a miss"
+    );
+    drop(held);
+    // Positive control: the same walk where the modelled cache cannot hold the prompt (two
+    // blocks per replica), so refund's prefix is not held: it is warmed, within the same
+    // window.
+    let not_held = stack(Some(SMALL_CACHE));
+    not_held.walk("t", &["s1", "s2", "s3"], "high");
+    assert!(
+        eventually(QUIET_WINDOW, || !not_held.warmups().is_empty()),
+        "a prefix not held is warmed"
     );
 }

@@ -115,12 +115,9 @@ fn corpus() -> Vec<Vec<u8>> {
         lines.push(bad.to_vec());
     }
     lines.push(format!("{}{}", "[".repeat(5000), "]".repeat(5000)).into_bytes());
-    let csv = std::fs::read_to_string(workspace().join("data/intent/banking77_test.csv")).unwrap();
-    for (i, row) in csv.lines().skip(1).step_by(10).enumerate() {
-        let text = row
-            .rsplit_once(',')
-            .map_or(row, |(text, _)| text)
-            .trim_matches('"');
+    let rows = cohort_fingerprint::banking77::test_split();
+    for (i, row) in rows.iter().step_by(10).enumerate() {
+        let text = row.text.as_str();
         let mode = ["intent", "topic", "hybrid"][i % 3];
         lines.push(
             serde_json::to_vec(&serde_json::json!({"text": text, "semantic_mode": mode})).unwrap(),

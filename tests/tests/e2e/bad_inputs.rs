@@ -19,12 +19,11 @@
 //!
 //! Needs `scripts/setup` (Envoy) and `scripts/build-wasm` (the filter).
 
-use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{self, Response};
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
-use cohort_tests::envoy::Envoy;
+use cohort_tests::config::{self, set_endpoints};
+use cohort_tests::h2;
+use cohort_tests::stack::Stack;
 use cohort_tests::upstream::{Received, Upstream};
-use cohort_tests::{free_port, h2};
 use serde_json::json;
 use serde_yaml::Value as Yaml;
 use std::collections::BTreeMap;
@@ -489,99 +488,60 @@ fn classes() -> Vec<Class> {
     ]
 }
 
-/// Envoy with its upstreams: header routes plus trap routes (affinity mode), or
-/// `istio/envoy/assign.yaml` with a real batcher (assign mode).
-struct Stack {
-    envoy: Envoy,
-    /// Every upstream a request may reach, the trap included.
-    upstreams: Vec<Upstream>,
-    /// Assign mode's batcher.
-    batcher: Option<Batcher>,
+/// `header-routes.yaml` with the dedicated route on [`DEDICATED_APP`]'s prefix, and a
+/// first route per name in `trapped` that sends a request whose header still holds a
+/// spoofed value to the `trap` cluster. Envoy logs at `info`, its default level.
+fn header_routes(plugin: &str, trapped: &[&str]) -> Stack {
+    let app = chat_with(Some(DEDICATED_APP), "hello");
+    let request = cohort_fingerprint::Request::new(&app);
+    let prefix = cohort_fingerprint::fingerprint(&request)
+        .unwrap()
+        .stable_prefix;
+    let mut trapped: Vec<String> = trapped.iter().map(|t| t.to_string()).collect();
+    trapped.push(TRAP_CONTROL.to_owned());
+    Stack::plain("header-routes")
+        .upstreams_named(&["dedicated", "general-0", "general-1", "trap"])
+        .filter(serde_json::from_str(plugin).unwrap())
+        .envoy_log("info")
+        .envoy_config(move |config, ports| {
+            set_endpoints(config, "dedicated", &[ports[0]]);
+            set_endpoints(config, "general", &[ports[1], ports[2]]);
+            config::replace_string(
+                config,
+                "REPLACE_WITH_STABLE_PREFIX",
+                &format!("{prefix:016x}"),
+            );
+            let trapped: Vec<&str> = trapped.iter().map(String::as_str).collect();
+            add_trap(config, &trapped, ports[3]);
+        })
+        .start()
 }
 
-impl Stack {
-    /// `header-routes.yaml` with the dedicated route on [`DEDICATED_APP`]'s prefix, and a
-    /// first route per name in `trapped` that sends a request whose header still holds a
-    /// spoofed value to the `trap` cluster. Envoy logs at `info`, its default level.
-    fn start(plugin: &str, trapped: &[&str]) -> Stack {
-        let upstreams: Vec<Upstream> = ["dedicated", "general-0", "general-1", "trap"]
-            .into_iter()
-            .map(Upstream::start)
-            .collect();
-        let port = |i: usize| upstreams[i].port;
-        let mut config = config::load("header-routes");
-        let (admin, listen) = (free_port(), free_port());
-        set_ports(&mut config, admin, listen);
-        set_endpoints(&mut config, "dedicated", &[port(0)]);
-        set_endpoints(&mut config, "general", &[port(1), port(2)]);
-        set_filter(&mut config, plugin);
-        let app = chat_with(Some(DEDICATED_APP), "hello");
-        let request = cohort_fingerprint::Request::new(&app);
-        let prefix = cohort_fingerprint::fingerprint(&request)
-            .unwrap()
-            .stable_prefix;
-        config::replace_string(
-            &mut config,
-            "REPLACE_WITH_STABLE_PREFIX",
-            &format!("{prefix:016x}"),
-        );
-        let mut trapped = trapped.to_vec();
-        trapped.push(TRAP_CONTROL);
-        add_trap(&mut config, &trapped, port(3));
-        let envoy = Envoy::start_logging(&config, admin, listen, "info");
-        Stack {
-            envoy,
-            upstreams,
-            batcher: None,
-        }
-    }
-
-    /// `assign.yaml` with one real batcher (`cohort serve`, default log level) and three
-    /// replicas; Envoy logs at `info`.
-    fn start_assign() -> Stack {
-        let names = ["replica-0", "replica-1", "replica-2"];
-        let upstreams: Vec<Upstream> = names.into_iter().map(Upstream::start).collect();
-        let batcher = Batcher::start(BatcherSpec {
-            grpc_port: free_port(),
-            http_port: free_port(),
-            replicas: names.map(String::from).to_vec(),
-            shard_index: 0,
-            shard_count: 1,
-            front_port: None,
-            extra_args: Vec::new(),
-        });
-        let mut config = config::load("assign");
-        let (admin, listen) = (free_port(), free_port());
-        set_ports(&mut config, admin, listen);
-        for upstream in &upstreams {
-            set_endpoints(&mut config, &upstream.name, &[upstream.port]);
-        }
-        let ports: Vec<u16> = upstreams.iter().map(|u| u.port).collect();
-        set_endpoints(&mut config, "all-replicas", &ports);
-        set_endpoints(&mut config, "cohort-batcher-0", &[batcher.spec.grpc_port]);
+/// `assign.yaml` with one real batcher (`cohort serve`, default log level) and three
+/// replicas; Envoy logs at `info`.
+fn assign() -> Stack {
+    Stack::assign()
         // A deadline generous for a loaded machine: the test is about bad input, not speed.
-        set_filter(
-            &mut config,
-            r#"{"mode": "assign", "assign_deadline_ms": 500, "batcher_clusters": ["cohort-batcher-0"]}"#,
-        );
-        let envoy = Envoy::start_logging(&config, admin, listen, "info");
-        Stack {
-            envoy,
-            upstreams,
-            batcher: Some(batcher),
-        }
-    }
+        .filter(json!({"assign_deadline_ms": 500}))
+        .envoy_log("info")
+        .start()
+}
 
+/// What these tests ask of a stack.
+trait Proxy {
+    fn trap(&self) -> &Upstream;
+    fn expected_upstream(&self, class: &Class) -> &'static str;
+    fn counters(&self) -> BTreeMap<String, i64>;
+}
+
+impl Proxy for Stack {
     fn trap(&self) -> &Upstream {
-        self.upstreams
-            .iter()
-            .find(|u| u.name == "trap")
-            .expect("a trap upstream")
+        self.upstream_named("trap")
     }
 
     /// The name prefix of the upstreams `class` may reach.
     fn expected_upstream(&self, class: &Class) -> &'static str {
-        if self.batcher.is_some() {
+        if !self.batchers.is_empty() {
             "replica-"
         } else if class.dedicated {
             "dedicated"
@@ -776,8 +736,7 @@ fn check(
     }
     let tag = id.to_string();
     let mut got: Vec<(String, Received)> = stack
-        .upstreams
-        .iter()
+        .upstreams()
         .flat_map(|u| {
             u.received()
                 .into_iter()
@@ -854,7 +813,7 @@ fn check(
         .iter()
         .filter_map(|o| moved.remove(&format!("cohort_assign_{o}_total")))
         .sum();
-    let assigns = i64::from(stack.batcher.is_some() && class.outcome == Outcome::Fingerprinted);
+    let assigns = i64::from(!stack.batchers.is_empty() && class.outcome == Outcome::Fingerprinted);
     if moved != want || assigned != assigns {
         return Err(format!(
             "counters moved {moved:?} and {assigned} Assign outcomes, expected {want:?} and {assigns}"
@@ -873,7 +832,7 @@ fn check_log(stack: &Stack) {
     );
     assert!(!log.contains(CANARY), "prompt text in Envoy's log:\n{log}");
     assert!(!log.contains("panicked"), "the filter panicked:\n{log}");
-    if let Some(batcher) = &stack.batcher {
+    if let Some(batcher) = stack.batchers.first() {
         let log = batcher.log();
         assert!(log.contains("INFO"), "the batcher's log is empty:\n{log}");
         assert!(
@@ -914,14 +873,18 @@ fn send_every_class(stack: &Stack) {
 
 #[test]
 fn bad_inputs_over_http1_and_http2_reach_the_upstream_unchanged() {
-    let stack = Stack::start("{}", &RESERVED);
+    // One at a time: hundreds of requests through Envoy logging at `info` load the machine.
+    let _alone = cohort_tests::one_at_a_time();
+    let stack = header_routes("{}", &RESERVED);
     send_every_class(&stack);
     assert_eq!(stack.trap().count(), 0);
 }
 
 #[test]
 fn bad_inputs_in_assign_mode_with_a_real_batcher() {
-    let stack = Stack::start_assign();
+    // One at a time: hundreds of requests through Envoy logging at `info` load the machine.
+    let _alone = cohort_tests::one_at_a_time();
+    let stack = assign();
     send_every_class(&stack);
     let assigned = stack.envoy.stat("wasmcustom.cohort_assign_ok_total");
     println!("assign mode: {assigned} requests placed by the batcher");
@@ -1041,10 +1004,12 @@ fn spoof_everything(stack: &Stack, spoofable: &[&str]) -> usize {
 
 #[test]
 fn spoofed_reserved_and_tenant_headers_never_take_effect() {
+    // One at a time: hundreds of requests through Envoy logging at `info` load the machine.
+    let _alone = cohort_tests::one_at_a_time();
     // Default configuration: the tenant header is x-cohort-tenant, not trusted.
     let mut spoofable = RESERVED.to_vec();
     spoofable.push("x-cohort-tenant");
-    let stack = Stack::start("{}", &spoofable);
+    let stack = header_routes("{}", &spoofable);
     let requests = spoof_everything(&stack, &spoofable);
     println!(
         "default tenant header: {} headers, {requests} spoofed requests",
@@ -1055,7 +1020,7 @@ fn spoofed_reserved_and_tenant_headers_never_take_effect() {
 
     // A configured tenant header is reserved in its place.
     let spoofable = ["x-acme-tenant", "x-cohort-key", "x-cohort-shard"];
-    let stack = Stack::start(r#"{"tenant_header": "x-acme-tenant"}"#, &spoofable);
+    let stack = header_routes(r#"{"tenant_header": "x-acme-tenant"}"#, &spoofable);
     let requests = spoof_everything(&stack, &spoofable);
     println!(
         "configured tenant header: {} headers, {requests} spoofed requests",

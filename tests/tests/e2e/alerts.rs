@@ -12,11 +12,9 @@
 //!
 //! Needs Debian's `prometheus` package (`scripts/setup` installs it).
 
-use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::post_json;
-use cohort_tests::envoy::Envoy;
-use cohort_tests::upstream::Upstream;
-use cohort_tests::{free_port, workspace};
+use cohort_tests::stack::Stack;
+use cohort_tests::{eventually, free_port, workspace};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -225,20 +223,8 @@ fn dashboard_queries(engine_service: &str) -> Vec<String> {
 
 #[test]
 fn a_real_prometheus_scrapes_envoy_and_the_batcher_and_evaluates_every_rule_and_panel() {
-    let replicas: Vec<Upstream> = (0..2)
-        .map(|i| Upstream::start(&format!("replica-{i}")))
-        .collect();
-    let ports: Vec<u16> = replicas.iter().map(|u| u.port).collect();
-    let batcher = Batcher::start(BatcherSpec {
-        grpc_port: free_port(),
-        http_port: free_port(),
-        replicas: (0..2).map(|i| format!("replica-{i}")).collect(),
-        shard_index: 0,
-        shard_count: 1,
-        front_port: None,
-        extra_args: Vec::new(),
-    });
-    let envoy = Envoy::start_assign(batcher.spec.grpc_port, &ports);
+    let stack = Stack::assign().upstreams(2).start();
+    let (envoy, batcher) = (&stack.envoy, stack.batcher());
     let prometheus = Prometheus::start(&[
         (
             "envoy",
@@ -270,21 +256,37 @@ fn a_real_prometheus_scrapes_envoy_and_the_batcher_and_evaluates_every_rule_and_
             200
         );
         sent += 1;
+        // Deliberate window: the requests are paced 50 ms apart, over several scrapes.
         std::thread::sleep(Duration::from_millis(50));
     }
     post_json(envoy.listen_port, "/v1/chat/completions", &[], b"{oops");
     // Both targets up, and the rules loaded and healthy.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let up = prometheus.query("up == 1");
-        let requests = prometheus.query("cohort_requests_total");
-        if up.len() == 2 && !requests.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "targets not scraped: up {up:?}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    std::thread::sleep(Duration::from_secs(3));
+    let mut up = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            up = prometheus.query("up == 1");
+            up.len() == 2 && !prometheus.query("cohort_requests_total").is_empty()
+        }),
+        "targets not scraped: up {up:?}"
+    );
+    // Every rule evaluated once, and enough scrapes for the rates below.
+    let evaluated = |rules: &Json| {
+        rules["data"]["groups"].as_array().is_some_and(|groups| {
+            groups
+                .iter()
+                .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+                .all(|rule| rule["health"] == "ok")
+        })
+    };
+    let compute_query = "1 - sum by (band) (increase(cohort_cached_tokens_est_total[1h])) / sum by (band) (increase(cohort_prompt_tokens_est_total[1h]))";
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            evaluated(&prometheus.api("/api/v1/rules"))
+                && !prometheus.query(compute_query).is_empty()
+        }),
+        "rules not evaluated: {}",
+        prometheus.api("/api/v1/rules")
+    );
     let loaded = prometheus.api("/api/v1/rules");
     let loaded_rules: Vec<&Json> = loaded["data"]["groups"]
         .as_array()
@@ -308,9 +310,7 @@ fn a_real_prometheus_scrapes_envoy_and_the_batcher_and_evaluates_every_rule_and_
     }
     println!("{} dashboard queries evaluate", queries.len());
     // The operator views have data: compute per token by length, and the pivot.
-    let compute = prometheus.query(
-        "1 - sum by (band) (increase(cohort_cached_tokens_est_total[1h])) / sum by (band) (increase(cohort_prompt_tokens_est_total[1h]))",
-    );
+    let compute = prometheus.query(compute_query);
     assert!(!compute.is_empty(), "no compute-per-token band");
     for present in [
         "cohort_requests_total",

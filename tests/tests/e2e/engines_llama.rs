@@ -11,8 +11,14 @@ const REQUESTS: u64 = 48;
 
 #[test]
 fn the_demo_routing_yields_more_engine_cached_prompt_tokens_than_round_robin() {
+    // One at a time: three real engines take the machine.
+    let _alone = cohort_tests::one_at_a_time();
     let workspace = cohort_tests::workspace();
-    let out = std::env::temp_dir().join(format!("cohort-demo-{}.json", std::process::id()));
+    let out = std::env::temp_dir().join(format!(
+        "cohort-demo-{}-{}.json",
+        std::process::id(),
+        cohort_tests::free_port()
+    ));
     let status = Command::new(workspace.join("scripts/demo"))
         .args(["--requests", &REQUESTS.to_string(), "--json"])
         .arg(&out)

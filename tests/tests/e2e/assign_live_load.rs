@@ -15,10 +15,9 @@
 //! Needs `scripts/setup` (Envoy), `scripts/build-wasm` (the filter) and the `cohort`
 //! binary (built by `cargo test --workspace`); `scripts/test` does all three.
 
-use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::post_json;
 use cohort_tests::envoy::Envoy;
-use cohort_tests::upstream::Upstream;
+use cohort_tests::stack::{Replicas, Stack};
 use cohort_tests::{eventually, one_at_a_time};
 use serde_json::json;
 use std::time::Duration;
@@ -26,35 +25,19 @@ use std::time::Duration;
 const CHAT: &str = "/v1/chat/completions";
 const REPLICAS: [&str; 3] = ["replica-0", "replica-1", "replica-2"];
 
-struct Stack {
-    replicas: Vec<Option<Upstream>>,
-    batcher: Batcher,
-    envoy: Envoy,
+/// Three recording replicas behind Envoy in assign mode; with `probed`, the batcher knows
+/// their URLs and probes them every second.
+fn stack_with(probed: bool) -> Stack {
+    let stack = Stack::assign();
+    match probed {
+        true => stack.replicas(Replicas::Urls),
+        false => stack,
+    }
+    .start()
 }
 
 fn stack() -> Stack {
     stack_with(false)
-}
-
-/// With `probed`, the batcher knows the replicas' URLs and probes them every second.
-fn stack_with(probed: bool) -> Stack {
-    let replicas: Vec<Upstream> = REPLICAS.iter().map(|n| Upstream::start(n)).collect();
-    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
-    let batcher = Batcher::start(match probed {
-        // Replicas with URLs turn batch mode's front on too; it listens, unused.
-        true => BatcherSpec::over_engines(&ports),
-        false => BatcherSpec {
-            front_port: None,
-            replicas: REPLICAS.map(String::from).to_vec(),
-            ..BatcherSpec::over_engines(&ports)
-        },
-    });
-    let envoy = Envoy::start_assign(batcher.spec.grpc_port, &ports);
-    Stack {
-        replicas: replicas.into_iter().map(Some).collect(),
-        batcher,
-        envoy,
-    }
 }
 
 /// A request of one application (a long shared system prompt) with its own question.
@@ -81,15 +64,11 @@ fn index(replica: &str) -> usize {
     REPLICAS.iter().position(|r| *r == replica).unwrap()
 }
 
-fn upstream<'a>(stack: &'a Stack, replica: &str) -> &'a Upstream {
-    stack.replicas[index(replica)].as_ref().unwrap()
-}
-
 #[test]
 fn a_slow_holder_sheds_its_prefix_and_the_book_follows() {
     let _serial = one_at_a_time();
     let stack = stack();
-    let b = &stack.batcher;
+    let b = stack.batcher();
     // Warm: the prefix lands somewhere and stays there while the fleet is quiet.
     let (holder, status) = send(&stack.envoy, 0);
     assert_eq!(status, 200);
@@ -107,11 +86,14 @@ fn a_slow_holder_sheds_its_prefix_and_the_book_follows() {
     // The holder turns slow: its answers take 3 s. Sixteen requests of the prefix follow,
     // 120 ms apart, each waiting for its answer in its own thread. The queue they build
     // there passes a cold prefill elsewhere plus `live_slack` (one more) after about ten.
-    upstream(&stack, &holder).set_delay(Duration::from_secs(3));
+    stack
+        .upstream(index(&holder))
+        .set_delay(Duration::from_secs(3));
     let in_flight = format!("cohort_replica_in_flight{{replica=\"{holder}\"}}");
     let served: Vec<String> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..16)
             .map(|i| {
+                // Deliberate window: the requests are paced 120 ms apart.
                 std::thread::sleep(Duration::from_millis(120));
                 let envoy = &stack.envoy;
                 scope.spawn(move || {
@@ -149,9 +131,9 @@ fn a_slow_holder_sheds_its_prefix_and_the_book_follows() {
 fn a_replica_answering_5xx_is_left_out() {
     let _serial = one_at_a_time();
     let stack = stack();
-    let b = &stack.batcher;
+    let b = stack.batcher();
     let (holder, _) = send(&stack.envoy, 0);
-    upstream(&stack, &holder).set_status(503);
+    stack.upstream(index(&holder)).set_status(503);
     let (replica, status) = send(&stack.envoy, 1);
     assert_eq!((replica.as_str(), status), (holder.as_str(), 503));
     let available = format!("cohort_replica_available{{replica=\"{holder}\"}}");
@@ -173,13 +155,16 @@ fn a_replica_answering_5xx_is_left_out() {
 fn a_replica_that_goes_away_gets_nothing_after_the_probe_interval() {
     let _serial = one_at_a_time();
     let mut stack = stack_with(true);
-    let b = &stack.batcher;
     let (holder, status) = send(&stack.envoy, 0);
     assert_eq!(status, 200);
     let up = format!("cohort_engine_up{{replica=\"{holder}\"}}");
-    assert!(eventually(Duration::from_secs(3), || b.metric(&up) == 1.0));
+    assert!(eventually(Duration::from_secs(3), || stack
+        .batcher()
+        .metric(&up)
+        == 1.0));
     // The holder goes away (its port refuses connections), with nothing in flight.
-    stack.replicas[index(&holder)] = None;
+    stack.stop_upstream(index(&holder));
+    let b = stack.batcher();
     // Before the probe sees it, its prefix is still assigned to it: Envoy's retry goes to
     // another replica (the failover cluster), and the caller sees nothing of it.
     for q in 20..23 {

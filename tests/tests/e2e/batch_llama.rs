@@ -14,25 +14,17 @@
 //! Needs `scripts/setup` (Envoy, llama-server and the model), `scripts/build-wasm` and the
 //! `cohort` binary; `scripts/test` provides all of them.
 
-use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, post_stream};
-use cohort_tests::envoy::Envoy;
-use cohort_tests::eventually;
-use cohort_tests::llama::Llama;
+use cohort_tests::stack::Stack;
+use cohort_tests::{eventually, one_at_a_time};
 use serde_json::{json, Value};
 use std::time::Duration;
 
 const CHAT: &str = "/v1/chat/completions";
 
-struct Stack {
-    _replicas: Vec<Llama>,
-    batcher: Batcher,
-    envoy: Envoy,
-    // Dropped last: one stack (three engines) at a time, so a test's timing is its own.
-    _serial: std::sync::MutexGuard<'static, ()>,
-}
-
-/// The stack with the front's default joining window.
+/// The stack with the front's default joining window. The caller holds
+/// [`one_at_a_time`] first: one stack (three engines) at a time, so a test's timing is its
+/// own.
 fn stack() -> Stack {
     stack_with_window(None)
 }
@@ -41,36 +33,18 @@ fn stack() -> Stack {
 /// batch: far longer than the tests' 30 ms spacing, so on a slow machine a late member
 /// still joins its cohort's batch rather than leading a second one).
 fn stack_with_window(window_ms: Option<u32>) -> Stack {
-    let serial = cohort_tests::one_at_a_time();
-    let replicas: Vec<Llama> = (0..3).map(|_| Llama::start(2)).collect();
-    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
-    let mut spec = BatcherSpec::over_engines(&ports);
-    if let Some(window_ms) = window_ms {
-        let config = std::env::temp_dir().join(format!(
-            "cohort-batch-llama-{}-{window_ms}.toml",
-            std::process::id()
-        ));
-        std::fs::write(&config, format!("[batch]\nwindow_ms = {window_ms}\n")).unwrap();
-        spec.extra_args = vec!["--config".into(), config.to_string_lossy().into_owned()];
-    }
-    let batcher = Batcher::start(spec);
     // A generous Assign deadline: on a loaded 2-core test machine a 25 ms deadline can
     // expire, and the request would then (correctly) skip batching.
-    let envoy = Envoy::batch_with(
-        batcher.spec.grpc_port,
-        batcher.spec.front_port.unwrap(),
-        &ports,
-        &json!({"mode": "batch", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]})
-            .to_string(),
-    );
-    // The front's first engine probe (slot counts from /props) runs at start; give it a beat.
-    std::thread::sleep(Duration::from_millis(1500));
-    Stack {
-        _replicas: replicas,
-        batcher,
-        envoy,
-        _serial: serial,
+    let stack = Stack::batch().llama(3, 2);
+    let stack = match window_ms {
+        Some(window_ms) => stack.serve_toml(&format!("[batch]\nwindow_ms = {window_ms}\n")),
+        None => stack,
     }
+    .start();
+    // Deliberate window: the front's first engine probe (slot counts from /props) runs at
+    // start and shows in no metric (the replicas count as up before it); give it a beat.
+    std::thread::sleep(Duration::from_millis(1500));
+    stack
 }
 
 /// A request of one cohort: a long shared system prompt (unique per `tag`, so no earlier
@@ -149,14 +123,16 @@ fn read_member(port: u16, tag: &str, member: usize, max_tokens: u32) -> Member {
 
 #[test]
 fn a_burst_of_one_cohort_is_batched_and_followers_reuse_the_leaders_prefix() {
+    let _serial = one_at_a_time();
     let stack = stack_with_window(Some(2000));
-    let port = stack.envoy.listen_port;
+    let port = stack.port();
     let tag = format!("burst-{}", std::process::id());
     let members: Vec<Member> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..4)
             .map(|i| {
                 let tag = &tag;
                 let handle = scope.spawn(move || read_member(port, tag, i, 12));
+                // Deliberate window: the burst's members are paced 30 ms apart.
                 std::thread::sleep(Duration::from_millis(30));
                 handle
             })
@@ -192,7 +168,7 @@ fn a_burst_of_one_cohort_is_batched_and_followers_reuse_the_leaders_prefix() {
             );
         }
     }
-    let metric = |s: &str| stack.batcher.metric(s);
+    let metric = |s: &str| stack.batcher().metric(s);
     assert_eq!(metric("cohort_front_requests_total{role=\"leader\"}"), 1.0);
     assert_eq!(
         metric("cohort_front_requests_total{role=\"follower\"}"),
@@ -213,7 +189,7 @@ fn a_burst_of_one_cohort_is_batched_and_followers_reuse_the_leaders_prefix() {
         }),
         "{}",
         stack
-            .batcher
+            .batcher()
             .metrics()
             .lines()
             .filter(|l| l.contains("progress") || l.contains("assign"))
@@ -233,8 +209,9 @@ fn a_burst_of_one_cohort_is_batched_and_followers_reuse_the_leaders_prefix() {
 
 #[test]
 fn a_caller_hanging_up_cancels_only_its_own_member() {
+    let _serial = one_at_a_time();
     let stack = stack_with_window(Some(2000));
-    let port = stack.envoy.listen_port;
+    let port = stack.port();
     let tag = format!("cancel-{}", std::process::id());
     let finished: Vec<Option<Member>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..3)
@@ -260,6 +237,7 @@ fn a_caller_hanging_up_cancels_only_its_own_member() {
                         Some(read_member(port, tag, i, 48))
                     }
                 });
+                // Deliberate window: the members are paced 30 ms apart.
                 std::thread::sleep(Duration::from_millis(30));
                 handle
             })
@@ -278,10 +256,10 @@ fn a_caller_hanging_up_cancels_only_its_own_member() {
     // reset of the upstream stream by a few milliseconds.
     assert!(
         eventually(Duration::from_secs(10), || {
-            stack.batcher.metric("cohort_front_cancelled_total") >= 1.0
+            stack.batcher().metric("cohort_front_cancelled_total") >= 1.0
         }),
         "the front never saw the hang-up: {}",
-        stack.batcher.metric("cohort_front_cancelled_total")
+        stack.batcher().metric("cohort_front_cancelled_total")
     );
 }
 
@@ -300,9 +278,10 @@ fn plain(system: &str, max_tokens: u32) -> Vec<u8> {
 
 #[test]
 fn callers_hanging_up_mid_generation_leave_no_count_or_slot_behind() {
+    let _serial = one_at_a_time();
     let stack = stack();
-    let front = stack.batcher.spec.front_port.unwrap();
-    let metric = |s: &str| stack.batcher.metric(s);
+    let front = stack.batcher().spec.front_port.unwrap();
+    let metric = |s: &str| stack.batcher().metric(s);
     let summed = |name: &str| -> f64 {
         (0..3)
             .map(|r| metric(&format!("{name}{{replica=\"replica-{r}\"}}")))
@@ -336,6 +315,7 @@ fn callers_hanging_up_mid_generation_leave_no_count_or_slot_behind() {
                 raw.extend_from_slice(&body);
                 let mut conn = std::net::TcpStream::connect(("127.0.0.1", front)).unwrap();
                 std::io::Write::write_all(&mut conn, &raw).unwrap();
+                // Deliberate window: the caller hangs up 600 ms into generation.
                 std::thread::sleep(Duration::from_millis(600));
                 drop(conn);
             });
@@ -348,7 +328,7 @@ fn callers_hanging_up_mid_generation_leave_no_count_or_slot_behind() {
             && summed("cohort_front_slots_busy") == 0.0),
         "counts left behind: {}",
         stack
-            .batcher
+            .batcher()
             .metrics()
             .lines()
             .filter(|l| l.contains("in_flight") || l.contains("slots_busy"))
@@ -367,27 +347,32 @@ fn callers_hanging_up_mid_generation_leave_no_count_or_slot_behind() {
             "cohort_prefetch_issued_total"
         ) > issued),
         "no warm-up after the hang-ups: {}",
-        stack.batcher.metrics()
+        stack.batcher().metrics()
     );
 }
 
 #[test]
 fn sigterm_drains_what_the_front_accepted() {
+    let _serial = one_at_a_time();
     let mut stack = stack();
-    let port = stack.envoy.listen_port;
+    let port = stack.port();
     let tag = format!("drain-{}", std::process::id());
     let member = std::thread::scope(|scope| {
         let reader = scope.spawn(|| read_member(port, &tag, 0, 48));
         // Let the request reach the front (and its engine), then stop the batcher under it.
         let front_has_it = eventually(Duration::from_secs(20), || {
             stack
-                .batcher
+                .batcher()
                 .metric("cohort_front_requests_total{role=\"leader\"}")
                 >= 1.0
         });
         assert!(front_has_it, "the request never reached the front");
+        // Deliberate window: 300 ms into its generation.
         std::thread::sleep(Duration::from_millis(300));
-        let status = stack.batcher.terminate().expect("the batcher was running");
+        let status = stack
+            .batcher_mut()
+            .terminate()
+            .expect("the batcher was running");
         assert!(status.success(), "exits 0 after draining: {status}");
         reader.join().unwrap()
     });

@@ -10,15 +10,12 @@
 //! filter and `target/ui/pkg`).
 
 use cohort_fingerprint::record::{fingerprint_line, LineDefaults};
-use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::chromium::Chromium;
 use cohort_tests::client::post_json;
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
-use cohort_tests::envoy::Envoy;
-use cohort_tests::upstream::Upstream;
-use cohort_tests::{free_port, workspace};
+use cohort_tests::stack::Stack;
+use cohort_tests::{eventually, workspace};
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CHAT: &str = "/v1/chat/completions";
 const PROMPT: &str = "How can I reset my card PIN, customer 42?";
@@ -43,37 +40,10 @@ fn the_playground_fingerprints_in_the_browser_and_names_the_nearest_cohort() {
         assets.join("pkg/cohort_fingerprint_web_bg.wasm").exists(),
         "target/ui/pkg missing: run scripts/build-wasm (with wasm-bindgen from scripts/setup)"
     );
-    let replicas: Vec<Upstream> = (0..3)
-        .map(|i| Upstream::start(&format!("replica-{i}")))
-        .collect();
-    let batcher = Batcher::start(BatcherSpec {
-        grpc_port: free_port(),
-        http_port: free_port(),
-        replicas: (0..3).map(|i| format!("replica-{i}")).collect(),
-        shard_index: 0,
-        shard_count: 1,
-        front_port: None,
-        extra_args: vec!["--ui-assets".into(), assets.to_string_lossy().into_owned()],
-    });
-    let mut envoy_config = config::load("assign");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut envoy_config, admin, listen);
-    for (i, r) in replicas.iter().enumerate() {
-        set_endpoints(&mut envoy_config, &format!("replica-{i}"), &[r.port]);
-    }
-    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
-    set_endpoints(&mut envoy_config, "all-replicas", &ports);
-    set_endpoints(
-        &mut envoy_config,
-        "cohort-batcher-0",
-        &[batcher.spec.grpc_port],
-    );
-    set_filter(
-        &mut envoy_config,
-        &json!({"mode": "assign", "assign_deadline_ms": 250, "batcher_clusters": ["cohort-batcher-0"]})
-            .to_string(),
-    );
-    let envoy = Envoy::start(&envoy_config, admin, listen);
+    let stack = Stack::assign()
+        .batcher_args(&["--ui-assets", &assets.to_string_lossy()])
+        .start();
+    let (envoy, batcher) = (&stack.envoy, stack.batcher());
 
     // Traffic of two intents, observed by the batcher through the filter.
     for i in 0..6 {
@@ -87,15 +57,16 @@ fn the_playground_fingerprints_in_the_browser_and_names_the_nearest_cohort() {
             );
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while batcher.metric("cohort_observations_total") < 12.0 {
-        assert!(Instant::now() < deadline, "observations did not arrive");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    assert!(
+        eventually(Duration::from_secs(20), || batcher
+            .metric("cohort_observations_total")
+            >= 12.0),
+        "observations did not arrive"
+    );
     // The batcher's own answer for the prompt: the cohort it assigns (x-cohort-cluster).
     post_json(envoy.listen_port, CHAT, &[], &chat(PROMPT));
-    let assigned = replicas
-        .iter()
+    let assigned = stack
+        .upstreams()
         .flat_map(|r| r.received())
         .find(|r| String::from_utf8_lossy(&r.body).contains(PROMPT))
         .and_then(|r| r.header("x-cohort-cluster").map(str::to_owned))

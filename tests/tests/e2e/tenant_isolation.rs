@@ -22,111 +22,40 @@
 //! The filter's headers are read from a mirror of the front's route (the front does not
 //! pass `x-cohort-*` on to engines).
 
-use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, Response};
-use cohort_tests::config::{self, mirror_route, set_batch_endpoints, set_filter, set_ports};
-use cohort_tests::envoy::Envoy;
-use cohort_tests::free_port;
+use cohort_tests::config::mirror_route;
+use cohort_tests::eventually;
+use cohort_tests::stack::{Replicas, Stack};
 use cohort_tests::upstream::{Received, Upstream};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CHAT: &str = "/v1/chat/completions";
 const SECRET: &str = "tenant-isolation-secret";
 const TENANTS: [&str; 2] = ["tenant-a", "tenant-b"];
 
-struct Stack {
-    engines: Vec<Upstream>,
-    tap: Upstream,
-    _batcher: Batcher,
-    envoy: Envoy,
-    config_file: std::path::PathBuf,
-}
-
-impl Drop for Stack {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.config_file);
-    }
-}
-
 /// The stack with the tenant carried in `tenant_header` (filter and batcher configured
-/// alike).
-fn stack(tenant_header: &str) -> Stack {
-    let engines: Vec<Upstream> = (0..3)
-        .map(|i| Upstream::start(&format!("replica-{i}")))
-        .collect();
-    let tap = Upstream::start("tap");
-    // A long joining window, so every request of the test arrives while both tenants'
-    // batches are open even on a slow machine: sharing a batch is then possible, and only
-    // isolation prevents it.
-    let config_file = std::env::temp_dir().join(format!(
-        "cohort-tenants-{}-{tenant_header}.toml",
-        std::process::id()
-    ));
-    std::fs::write(
-        &config_file,
-        format!(
+/// alike), its front's route mirrored to `tap`.
+fn stack(tenant_header: &str, tap: u16) -> Stack {
+    Stack::batch()
+        .replicas(Replicas::Adapter("vllm"))
+        // A long joining window, so every request of the test arrives while both tenants'
+        // batches are open even on a slow machine: sharing a batch is then possible, and
+        // only isolation prevents it.
+        .serve_toml(&format!(
             "tenant_header = \"{tenant_header}\"\n[batch]\nwindow_ms = 10000\nmax_hold_ms = 10000\n"
-        ),
-    )
-    .unwrap();
-    let batcher = Batcher::start(BatcherSpec {
-        grpc_port: free_port(),
-        http_port: free_port(),
-        replicas: engines
-            .iter()
-            .map(|u| format!("{}=vllm+http://127.0.0.1:{}", u.name, u.port))
-            .collect(),
-        shard_index: 0,
-        shard_count: 1,
-        front_port: Some(free_port()),
-        extra_args: vec![
-            "--config".into(),
-            config_file.to_string_lossy().into_owned(),
-            "--salt-secret".into(),
-            SECRET.into(),
-        ],
-    });
-    let mut config = config::load("batch");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
-    let ports: Vec<u16> = engines.iter().map(|u| u.port).collect();
-    set_batch_endpoints(
-        &mut config,
-        batcher.spec.grpc_port,
-        batcher.spec.front_port.unwrap(),
-        &ports,
-    );
-    mirror_route(&mut config, "batch-front-0", "tap", tap.port);
-    // A generous Assign deadline: a request whose Assign times out skips batching.
-    set_filter(
-        &mut config,
-        &json!({
-            "mode": "batch",
+        ))
+        .batcher_args(&["--salt-secret", SECRET])
+        // A generous Assign deadline: a request whose Assign times out skips batching.
+        .filter(json!({
             "assign_deadline_ms": 2000,
-            "batcher_clusters": ["cohort-batcher-0"],
             "trust_tenant_header": true,
             "tenant_header": tenant_header,
             "salt_secret": SECRET,
-        })
-        .to_string(),
-    );
-    let envoy = Envoy::start(&config, admin, listen);
-    // The front and the replicas behind it passed their first health check (until then
-    // Envoy sends marked requests to the replicas directly).
-    assert!(envoy.wait_for_stat(
-        "cluster.cohort-front-0.membership_healthy",
-        4,
-        Duration::from_secs(10)
-    ));
-    Stack {
-        engines,
-        tap,
-        _batcher: batcher,
-        envoy,
-        config_file,
-    }
+        }))
+        .envoy_config(move |config, _| mirror_route(config, "batch-front-0", "tap", tap))
+        .start()
 }
 
 /// The one prompt both tenants send.
@@ -177,23 +106,17 @@ impl Seen {
 
 /// Waits until `count` requests carrying `x-test-id` arrived at `upstreams`.
 fn by_test_id(upstreams: &[&Upstream], count: usize) -> BTreeMap<String, Received> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let found: BTreeMap<String, Received> = upstreams
+    let mut found = BTreeMap::new();
+    let arrived = eventually(Duration::from_secs(20), || {
+        found = upstreams
             .iter()
             .flat_map(|u| u.received())
             .filter_map(|r| Some((r.header("x-test-id")?.to_owned(), r)))
             .collect();
-        if found.len() >= count {
-            return found;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {count} requests arrived",
-            found.len()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        found.len() >= count
+    });
+    assert!(arrived, "only {} of {count} requests arrived", found.len());
+    found
 }
 
 fn is_hex(value: &str, digits: usize) -> bool {
@@ -211,7 +134,11 @@ fn a_renamed_tenant_header_isolates_tenants_the_same() {
 }
 
 fn isolated_under(tenant_header: &str) {
-    let stack = stack(tenant_header);
+    // One at a time: the batches go through the front only while Envoy connects to it
+    // within its 250 ms connect timeout, which a loaded machine can miss.
+    let _alone = cohort_tests::one_at_a_time();
+    let tap = Upstream::start("tap");
+    let stack = stack(tenant_header, tap.port);
     let body = body();
     // Interleaved: a0 b0 a1 b1 a2 b2. The third pair carries out-of-range knobs.
     let mut sent = Vec::new();
@@ -228,7 +155,7 @@ fn isolated_under(tenant_header: &str) {
                 headers.push(("x-cohort-batch-threshold", "7"));
                 headers.push(("x-cohort-cache-ttl", "99999999999999999999"));
             }
-            let response = post_json(stack.envoy.listen_port, CHAT, &headers, &body);
+            let response = post_json(stack.port(), CHAT, &headers, &body);
             assert_eq!(response.status, 200, "{id}: {}", response.text());
             sent.push((tenant, id, response));
         }
@@ -239,8 +166,8 @@ fn isolated_under(tenant_header: &str) {
             "{id} did not go through the batch front"
         );
     }
-    let at_front = by_test_id(&[&stack.tap], sent.len());
-    let engines: Vec<&Upstream> = stack.engines.iter().collect();
+    let at_front = by_test_id(&[&tap], sent.len());
+    let engines: Vec<&Upstream> = stack.upstreams().collect();
     let at_engine = by_test_id(&engines, sent.len());
     let seen: Vec<Seen> = sent
         .into_iter()

@@ -12,8 +12,8 @@
 
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::post_json;
-use cohort_tests::free_port;
 use cohort_tests::upstream::Upstream;
+use cohort_tests::{eventually, free_port, stays, QUIET_WINDOW};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -56,7 +56,11 @@ fn chat(model: &str, system: &str) -> Vec<u8> {
 #[test]
 fn vllm_members_carry_their_tenant_salt_and_their_adapter_is_loaded_once() {
     let upstreams = [Upstream::start("replica-0"), Upstream::start("replica-1")];
-    let config = std::env::temp_dir().join(format!("cohort-lora-{}.toml", std::process::id()));
+    let config = std::env::temp_dir().join(format!(
+        "cohort-lora-{}-{}.toml",
+        std::process::id(),
+        free_port()
+    ));
     std::fs::write(
         &config,
         "[[lora]]\nname = \"sql-lora\"\npath = \"/adapters/sql\"\n",
@@ -79,7 +83,9 @@ fn vllm_members_carry_their_tenant_salt_and_their_adapter_is_loaded_once() {
     let owner = tag.trim_start_matches("leader;replica=").to_owned();
     // Another cohort needing the same adapter, after the first batch closed: it goes
     // where the adapter is, without loading it again.
-    std::thread::sleep(Duration::from_millis(300));
+    assert!(eventually(Duration::from_secs(5), || {
+        batcher.metric("cohort_batches_open") == 0.0
+    }));
     let second = post_json(port, CHAT, &headers, &chat("sql-lora", "You review SQL."));
     assert_eq!(second.status, 200);
     assert_eq!(
@@ -167,6 +173,7 @@ fn roles_under_min_shared(min_shared: &str) -> (Vec<String>, Batcher) {
     let long = body(&"Here is my whole ledger, line after line of it. ".repeat(64));
     let roles = std::thread::scope(|scope| {
         let first = scope.spawn(|| post_json(port, CHAT, &[], &leader));
+        // Deliberate window: the others arrive 60 ms after the leader, inside its window.
         std::thread::sleep(Duration::from_millis(60));
         let others = [&close, &long].map(|b| scope.spawn(move || post_json(port, CHAT, &[], b)));
         let mut roles = vec![first.join().unwrap()];
@@ -268,6 +275,8 @@ fn a_predicted_cohort_is_warmed_on_its_owner_before_it_arrives() {
         let headers = [("x-cohort-session", session), ("x-cohort-prefetch", level)];
         let response = post_json(port, CHAT, &headers, &chat("m", system));
         assert_eq!(response.status, 200);
+        // Deliberate window: past the front's joining window (150 ms), so each step
+        // leads its own batch.
         std::thread::sleep(Duration::from_millis(250));
     };
     // Two sessions walk "lookup" → "refund"; a third starts "lookup".
@@ -287,7 +296,7 @@ fn a_predicted_cohort_is_warmed_on_its_owner_before_it_arrives() {
     // The second walk already predicts "refund" after "lookup": one warm-up so far (it is
     // sent in the background, so wait for it rather than trust the pause above).
     assert!(
-        cohort_tests::eventually(Duration::from_secs(5), || warmups().len() == 1),
+        eventually(Duration::from_secs(5), || warmups().len() == 1),
         "{:?}",
         warmups()
     );
@@ -295,10 +304,7 @@ fn a_predicted_cohort_is_warmed_on_its_owner_before_it_arrives() {
     assert_eq!(warmups().len(), 1, "x-cohort-prefetch: none warms nothing");
     send("Look up the order.", "s4", "high");
     send("Refund the order.", "s4", "high");
-    assert!(cohort_tests::eventually(
-        Duration::from_secs(5),
-        || warmups().len() == 2
-    ));
+    assert!(eventually(Duration::from_secs(5), || warmups().len() == 2));
     let warm = warmups();
     assert_eq!(warm.len(), 2);
     // The warm-up computes the cohort's prefix (its system prompt), not the exemplar's
@@ -325,7 +331,11 @@ fn a_tenant_capped_at_no_prefetch_gets_no_warm_ups() {
         .iter()
         .map(|u| format!("{}=openai+http://127.0.0.1:{}", u.name, u.port))
         .collect();
-    let dir = std::env::temp_dir().join(format!("cohort-knobs-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "cohort-knobs-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("serve.toml");
     std::fs::write(&path, "[knobs.tenants.capped]\nmax_prefetch = \"none\"\n").unwrap();
@@ -344,17 +354,18 @@ fn a_tenant_capped_at_no_prefetch_gets_no_warm_ups() {
                 ];
                 let response = post_json(port, CHAT, &headers, &chat("m", system));
                 assert_eq!(response.status, 200);
+                // Deliberate window: past the front's joining window (150 ms), so each
+                // step leads its own batch.
                 std::thread::sleep(Duration::from_millis(250));
             }
         }
     };
+    let issued = || batcher.metric("cohort_prefetch_issued_total");
     walk("capped");
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(batcher.metric("cohort_prefetch_issued_total"), 0.0);
+    assert!(stays(QUIET_WINDOW, || issued() == 0.0), "{}", issued());
+    // Positive control: another tenant's same walk is warmed, within the same window.
     walk("free");
-    assert!(cohort_tests::eventually(Duration::from_secs(5), || {
-        batcher.metric("cohort_prefetch_issued_total") >= 1.0
-    }));
+    assert!(eventually(QUIET_WINDOW, || issued() >= 1.0));
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -7,9 +7,8 @@
 
 use cohort_fingerprint::{fingerprint, Request};
 use cohort_tests::client::{post_json, request, send_raw, Response};
-use cohort_tests::config::{self, set_endpoints, set_filter, set_ports};
+use cohort_tests::config::{self, set_endpoints, set_filter};
 use cohort_tests::envoy::Envoy;
-use cohort_tests::free_port;
 use cohort_tests::upstream::Upstream;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,13 +19,11 @@ const CHAT: &str = "/v1/chat/completions";
 /// `istio/envoy/affinity.yaml` over `upstreams` with the given plugin configuration.
 fn affinity(upstreams: &[&Upstream], plugin: &str) -> Envoy {
     let mut config = config::load("affinity");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
     let ports: Vec<u16> = upstreams.iter().map(|u| u.port).collect();
     set_endpoints(&mut config, "engines", &ports);
     set_filter(&mut config, plugin);
     config["stats_flush_interval"] = serde_yaml::Value::from("1s");
-    Envoy::start(&config, admin, listen)
+    Envoy::start(&config)
 }
 
 fn upstreams(n: usize) -> Vec<Upstream> {
@@ -134,8 +131,6 @@ fn one_cohort_one_replica_and_cohorts_spread_over_replicas() {
 fn a_route_on_a_body_derived_header_picks_another_cluster() {
     let (dedicated, general) = (Upstream::start("dedicated"), Upstream::start("general"));
     let mut config = config::load("header-routes");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
     set_endpoints(&mut config, "dedicated", &[dedicated.port]);
     set_endpoints(&mut config, "general", &[general.port]);
     set_filter(&mut config, "{}");
@@ -149,7 +144,7 @@ fn a_route_on_a_body_derived_header_picks_another_cluster() {
         "REPLACE_WITH_STABLE_PREFIX",
         &format!("{prefix:016x}"),
     );
-    let envoy = Envoy::start(&config, admin, listen);
+    let envoy = Envoy::start(&config);
 
     // The route matches a header that exists only after the filter read the body.
     for user in [
@@ -159,7 +154,7 @@ fn a_route_on_a_body_derived_header_picks_another_cluster() {
     ] {
         let body = chat(Some("You are the billing assistant."), user);
         assert_eq!(
-            upstream_of(&post_json(listen, CHAT, &[], &body)),
+            upstream_of(&post_json(envoy.listen_port, CHAT, &[], &body)),
             "dedicated"
         );
     }
@@ -168,10 +163,10 @@ fn a_route_on_a_body_derived_header_picks_another_cluster() {
         "where is my invoice?",
     );
     assert_eq!(
-        upstream_of(&post_json(listen, CHAT, &[], &other)),
+        upstream_of(&post_json(envoy.listen_port, CHAT, &[], &other)),
         "general"
     );
-    let bypassed = post_json(listen, CHAT, &[], b"{not json");
+    let bypassed = post_json(envoy.listen_port, CHAT, &[], b"{not json");
     assert_eq!(upstream_of(&bypassed), "general");
     assert_eq!(
         general.received().last().unwrap().header("x-cohort-bypass"),
@@ -366,20 +361,7 @@ fn bad_inputs_reach_the_upstream_unchanged_with_a_bypass_reason() {
 /// The first `per_intent` test prompts of each of the first `intents` Banking77 intents, in
 /// file order (data/intent/banking77_test.csv).
 fn banking77(intents: usize, per_intent: usize) -> Vec<String> {
-    let csv =
-        std::fs::read_to_string(cohort_tests::workspace().join("data/intent/banking77_test.csv"))
-            .expect("data/intent/banking77_test.csv");
-    let mut by_intent: Vec<(String, Vec<String>)> = Vec::new();
-    for row in csv.lines().skip(1) {
-        let Some((text, label)) = row.rsplit_once(',') else {
-            continue;
-        };
-        let text = text.trim_matches('"').to_owned();
-        match by_intent.iter_mut().find(|(l, _)| l == label) {
-            Some((_, texts)) => texts.push(text),
-            None => by_intent.push((label.to_owned(), vec![text])),
-        }
-    }
+    let by_intent = cohort_fingerprint::banking77::test_by_intent();
     by_intent
         .into_iter()
         .take(intents)

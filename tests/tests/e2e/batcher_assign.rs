@@ -19,12 +19,10 @@
 
 use cohort_fingerprint::shard::{jump_hash, shard_key, SHARD_KEY_DEPTH};
 use cohort_fingerprint::{fingerprint, Request};
-use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::client::{post_json, Response};
-use cohort_tests::config::{self, set_assign_endpoints, set_filter, set_ports};
 use cohort_tests::envoy::Envoy;
-use cohort_tests::upstream::Upstream;
-use cohort_tests::{eventually, free_port, one_at_a_time};
+use cohort_tests::stack::Stack;
+use cohort_tests::{eventually, one_at_a_time, percentile};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,12 +33,6 @@ const CHAT: &str = "/v1/chat/completions";
 const REPLICAS: [&str; 3] = ["replica-0", "replica-1", "replica-2"];
 const DEADLINE_MS: u64 = 25;
 
-struct Stack {
-    replicas: Vec<Upstream>,
-    batchers: Vec<Batcher>,
-    envoy: Envoy,
-}
-
 /// `istio/envoy/assign.yaml` with `shards` batchers on free ports.
 fn stack(shards: usize) -> Stack {
     stack_with(shards, &[])
@@ -48,39 +40,14 @@ fn stack(shards: usize) -> Stack {
 
 /// The same, each batcher started with `extra_args` as well.
 fn stack_with(shards: usize, extra_args: &[&str]) -> Stack {
-    let replicas: Vec<Upstream> = REPLICAS.iter().map(|n| Upstream::start(n)).collect();
-    let batchers: Vec<Batcher> = (0..shards)
-        .map(|i| {
-            Batcher::start(BatcherSpec {
-                grpc_port: free_port(),
-                http_port: free_port(),
-                replicas: REPLICAS.iter().map(|s| s.to_string()).collect(),
-                shard_index: i as u32,
-                shard_count: shards as u32,
-                front_port: None,
-                extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
-            })
+    Stack::assign()
+        .shards(shards)
+        .batcher_args(extra_args)
+        .filter(json!({"assign_deadline_ms": DEADLINE_MS}))
+        .envoy_config(|config, _| {
+            config["stats_flush_interval"] = serde_yaml::Value::from("1s");
         })
-        .collect();
-    let mut config = config::load("assign");
-    let (admin, listen) = (free_port(), free_port());
-    set_ports(&mut config, admin, listen);
-    let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
-    let grpc: Vec<u16> = batchers.iter().map(|b| b.spec.grpc_port).collect();
-    set_assign_endpoints(&mut config, &grpc, &ports);
-    let clusters: Vec<String> = (0..shards).map(|i| format!("cohort-batcher-{i}")).collect();
-    set_filter(
-        &mut config,
-        &json!({"mode": "assign", "assign_deadline_ms": DEADLINE_MS, "batcher_clusters": clusters})
-            .to_string(),
-    );
-    config["stats_flush_interval"] = serde_yaml::Value::from("1s");
-    let envoy = Envoy::start(&config, admin, listen);
-    Stack {
-        replicas,
-        batchers,
-        envoy,
-    }
+        .start()
 }
 
 /// Request `i` of a mixed workload: 24 applications (each its own long system prompt),
@@ -140,14 +107,6 @@ fn load(envoy: &Envoy, threads: usize, stop: &AtomicBool) -> Vec<(Instant, Durat
     results.into_inner().unwrap()
 }
 
-fn percentile(mut values: Vec<Duration>, p: f64) -> Duration {
-    values.sort();
-    values
-        .get(((values.len() as f64 - 1.0) * p).round() as usize)
-        .copied()
-        .unwrap_or_default()
-}
-
 #[test]
 fn replicas_receive_what_the_batcher_decided_and_every_observation_arrives() {
     // One at a time: each test loads both CI cores, and the 25 ms deadline is a latency claim.
@@ -163,7 +122,7 @@ fn replicas_receive_what_the_batcher_decided_and_every_observation_arrives() {
     }
     // Each replica got only requests the batcher sent to it …
     let mut received = BTreeMap::new();
-    for replica in &stack.replicas {
+    for replica in stack.upstreams() {
         let requests = replica.received();
         for request in &requests {
             assert_eq!(
@@ -214,6 +173,7 @@ fn replicas_receive_what_the_batcher_decided_and_every_observation_arrives() {
     let stop = AtomicBool::new(false);
     let results = std::thread::scope(|scope| {
         let handle = scope.spawn(|| load(&stack.envoy, 4, &stop));
+        // Deliberate window: ten seconds of load.
         std::thread::sleep(Duration::from_secs(10));
         stop.store(true, Ordering::Relaxed);
         handle.join().unwrap()
@@ -275,6 +235,7 @@ fn killing_the_batcher_fails_no_request_and_assignment_resumes() {
         let envoy = &stack.envoy;
         let stop = &stop;
         let handle = scope.spawn(move || load(envoy, 4, stop));
+        // Deliberate windows of load: 2 s before the kill, 3 s down, 3 s after the restart.
         std::thread::sleep(Duration::from_secs(2));
         let killed_at = Instant::now();
         stack.batchers[0].kill9();
@@ -364,6 +325,7 @@ fn a_frozen_batcher_costs_each_request_the_deadline_and_assignment_resumes_on_si
         let envoy = &stack.envoy;
         let stop = &stop;
         let handle = scope.spawn(move || load(envoy, 4, stop));
+        // Deliberate windows of load: 1 s before the freeze, 2 s frozen, 2 s after.
         std::thread::sleep(Duration::from_secs(1));
         let frozen_at = Instant::now();
         let at_freeze = (stat("timeout"), stat("error"));
@@ -448,8 +410,7 @@ fn a_frozen_batcher_costs_each_request_the_deadline_and_assignment_resumes_on_si
         .filter(|r| r.0 >= thawed_at + Duration::from_millis(500));
     assert!(
         after_thaw.clone().count() > 0
-            && percentile(after_thaw.map(|r| r.1).collect(), 0.5)
-                < Duration::from_millis(DEADLINE_MS),
+            && percentile(after_thaw.map(|r| r.1), 0.5) < Duration::from_millis(DEADLINE_MS),
         "latency back below the deadline after SIGCONT"
     );
 }
@@ -487,10 +448,7 @@ fn two_batcher_shards_split_by_key_and_one_down_degrades_only_its_share() {
         let response = send(&stack.envoy, i);
         assert_eq!(response.status, 200);
         let routed = response.header("x-cohort").unwrap_or_default();
-        let replica = &stack.replicas[REPLICAS
-            .iter()
-            .position(|r| Some(*r) == response.header("x-upstream"))
-            .unwrap()];
+        let replica = stack.upstream_named(response.header("x-upstream").unwrap());
         let last = replica.received().pop().unwrap();
         let shard = shard_of(i, 2);
         if routed.contains("mode=assign") {
