@@ -2,16 +2,19 @@
 //! and in the closing notes, not in docs, comments or scripts.
 //!
 //! A line breaks the rule when it:
-//! - cites a tracker issue by number (`issue 19`, `(#23)`);
-//! - counts rounds of work by ordinal (`the tenth session`, `third round`, `runs 12–16`);
-//! - narrates when something was tried (`tried (2026-12-06)`, `until 2026-12-05`, or, outside
-//!   docs/DECISIONS.md, where choices tried and left out are recorded, `was tried`);
-//! - cites documents outside the repository (`DESIGN.md`, `../shared`).
+//! - cites a tracker issue by its number;
+//! - counts rounds of work by ordinal (sessions, rounds, builds, numbered runs);
+//! - dates a try, or, outside docs/DECISIONS.md (where choices tried and left out are
+//!   recorded), reports one;
+//! - cites a document outside the repository.
 //!
-//! The product's own words stay: user sessions, conversation sessions, the
-//! `x-cohort-session` header; a *session* is flagged only where it is a session of work
-//! (`this session`, `session note`, `an earlier session`). Dates that go with a current
-//! result (its date, commit and machine) are wanted and not flagged.
+//! The patterns are in [`rules`]. The product's own words stay: user sessions, conversation
+//! sessions, the `x-cohort-session` header; a *session* is flagged only where it is a
+//! session of work. Dates that go with a current result (its date, commit and machine) are
+//! wanted and not flagged.
+//!
+//! The tests below write their samples with a `·` inside a word, removed before the check,
+//! so that this file holds no line that breaks the rules it tests.
 
 use regex::Regex;
 use std::sync::OnceLock;
@@ -20,7 +23,7 @@ use std::sync::OnceLock;
 struct Rule {
     name: &'static str,
     pattern: Regex,
-    /// Whether docs/DECISIONS.md may say it (what was tried and left out belongs there).
+    /// Whether docs/DECISIONS.md may say it (choices tried and left out belong there).
     allowed_in_decisions: bool,
 }
 
@@ -73,10 +76,6 @@ pub fn broken_rules(line: &str, in_decisions: bool) -> Vec<&'static str> {
 /// Whether the check reads a file of this (repository-relative) path: docs, sources,
 /// scripts and configuration; not data, lock files or binary artefacts.
 pub fn is_checked(path: &str) -> bool {
-    // The rules' own text and tests quote what they catch.
-    if path == "checks/src/history.rs" {
-        return false;
-    }
     let name = path.rsplit('/').next().unwrap_or(path);
     let checked_ext = [
         ".md", ".rs", ".py", ".sh", ".toml", ".yaml", ".yml", ".js", ".cu", ".proto", ".json",
@@ -95,26 +94,32 @@ pub fn is_checked(path: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// A sample line: `·` marks where a word was split so the source does not match.
+    fn sample(line: &str) -> String {
+        line.replace('·', "")
+    }
+
     #[test]
     fn history_is_caught() {
         for line in [
-            "Benchmarks against the peers (issue 8)",
-            "see Issue 20's test",
-            "fixed in (#23)",
-            "measured in the tenth session",
-            "runs 14–16 on the eleventh's build",
-            "on the tenth build, the parser",
-            "the 3rd round of tuning",
-            "In this session we measured",
-            "Session note (2026-12-06)",
-            "twenty fresh runs, runs 12-16 on another machine",
-            "was tried (2026-12-06) and changed nothing",
-            "On live load the owner came before the room until 2026-12-06",
-            "A floor of the wait was tried and dropped",
-            "One comment still cites DESIGN.md",
-            "read ../shared/data/README.md",
+            "Benchmarks against the peers (iss·ue 8)",
+            "see Iss·ue 20's test",
+            "fixed in (#·23)",
+            "measured in the ten·th session",
+            "ru·ns 14–16 on the eleven·th's build",
+            "on the ten·th build, the parser",
+            "the 3·rd round of tuning",
+            "In th·is session we measured",
+            "Sess·ion note (2026-12-06)",
+            "twenty fresh runs, ru·ns 12-16 on another machine",
+            "was tr·ied (2026-12-06) and changed nothing",
+            "the owner came before the room unt·il 2026-12-06",
+            "A floor of the wait was tr·ied and dropped",
+            "One comment still cites DES·IGN.md",
+            "read ../sha·red/data/README.md",
         ] {
-            assert!(!broken_rules(line, false).is_empty(), "missed: {line}");
+            let line = sample(line);
+            assert!(!broken_rules(&line, false).is_empty(), "missed: {line}");
         }
     }
 
@@ -137,9 +142,9 @@ mod tests {
 
     #[test]
     fn decisions_may_say_what_was_tried() {
-        let line = "A floor of the wait was tried and dropped.";
-        assert!(broken_rules(line, true).is_empty());
-        assert!(!broken_rules("cited in issue 9", true).is_empty());
+        let line = sample("A floor of the wait was tr·ied and dropped.");
+        assert!(broken_rules(&line, true).is_empty());
+        assert!(!broken_rules(&sample("cited in iss·ue 9"), true).is_empty());
     }
 
     #[test]
@@ -149,6 +154,5 @@ mod tests {
         assert!(is_checked("filter/src/http.rs"));
         assert!(!is_checked("Cargo.lock"));
         assert!(!is_checked("scripts/distill/data.bin"));
-        assert!(!is_checked("checks/src/history.rs"));
     }
 }

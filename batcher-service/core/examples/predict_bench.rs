@@ -1,8 +1,7 @@
 //! Benchmark of the prefetch predictor under many distinct sessions: the cost of one
 //! request (`observe` then `predict`, what the batch front does per leader) in each tenth
 //! of a run of a million sessions, and what the model holds, beside a baseline that keeps
-//! contexts in a `HashMap` and scans it for the oldest once full (the layout the LRU
-//! lists replaced).
+//! contexts in a `HashMap` and scans it for the oldest once full (no LRU lists).
 //!
 //! ```sh
 //! cargo run --release -p cohort-batcher-core --example predict_bench -- --sessions 1000000
