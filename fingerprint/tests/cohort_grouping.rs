@@ -80,7 +80,7 @@ fn the_threshold_runs_coarse_to_fine_and_the_default_groups_intents() {
 
 #[test]
 fn an_anchored_value_splits_the_cohort_and_a_masked_one_does_not() {
-    // The recommendation template of the semantic-cohorts issue: the category selects the
+    // The recommendation template: the category selects the
     // behaviour, but a capitalised category mid-sentence is masked as a name.
     let categories = ["Electronics", "Gardening", "Books", "Toys", "Kitchen"];
     let cohorts = |anchored: bool| -> std::collections::BTreeSet<u32> {

@@ -226,7 +226,6 @@ impl Policy {
             let mut c = Candidate {
                 matched,
                 uses,
-                uncached,
                 work: uncached + per_request,
                 load: self.estimated.load(r, now),
                 prefill: uncached + base,
@@ -367,11 +366,6 @@ impl Policy {
     /// refused.
     pub fn probe(&mut self, replica: usize, up: bool) {
         self.health.probe(replica, up);
-    }
-
-    /// Whether decisions at `now_ms` may choose `replica`.
-    pub fn available(&self, replica: usize, now_ms: u64) -> bool {
-        self.health.available(replica, now_ms)
     }
 
     /// Engine-reported requests waiting (queued, not yet prefilling) on `replica`.

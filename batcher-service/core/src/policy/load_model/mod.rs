@@ -27,13 +27,11 @@ pub struct Candidate {
     pub matched: usize,
     /// Requests that brought the last matched block here (1: a private prefix).
     pub uses: u32,
-    /// The prompt work it would prefill (the uncached part), in `cost` units.
-    pub uncached: f64,
-    /// The estimated model's work: `uncached + per_request_work`.
+    /// The estimated model's work: the uncached prompt + `per_request_work`.
     pub work: f64,
     /// The estimated model's load: decaying assigned work, raised by engine reports.
     pub load: f64,
-    /// The live model's prefill work: `uncached + prefill_base_work`.
+    /// The live model's prefill work: the uncached prompt + `prefill_base_work`.
     pub prefill: f64,
     /// `P_r`, the model's projected cost.
     pub projected: f64,
