@@ -11,6 +11,7 @@
 //! - [`config`]: load `istio/envoy/*.yaml` and point it at test ports and the built filter;
 //! - [`client`]: a minimal HTTP/1.1 client over a raw socket, so tests control every byte;
 //! - [`h2`]: an HTTP/2 cleartext (prior knowledge) client with raw header values and paced bodies.
+//! - [`manifests`]: the Istio overlays as real kustomize renders them, and what ships inside;
 //! - [`load`]: closed-loop load with a unique id per request, outcomes kept for windows;
 //! - [`procstat`]: a process's RSS and open file descriptors from `/proc`;
 //! - [`stack`]: Envoy, `cohort serve` and the engines behind them, built in one place.
@@ -23,6 +24,7 @@ pub mod envoy;
 pub mod h2;
 pub mod llama;
 pub mod load;
+pub mod manifests;
 pub mod procstat;
 pub mod stack;
 pub mod upstream;
