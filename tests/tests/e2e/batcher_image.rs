@@ -16,7 +16,9 @@
 
 use cohort_proto::{AssignReply, AssignRequest, Fingerprint, Message, RequestInfo};
 use cohort_tests::manifests::{batcher_config, find, render};
-use cohort_tests::{client, eventually, free_port, h2, workspace};
+use cohort_tests::{
+    client, eventually, free_port, h2, port_was_taken, with_port_retries, workspace,
+};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -303,19 +305,8 @@ fn the_image_runs_the_shipped_configuration_as_non_root_and_answers() {
 
         let (path, shipped) = batcher_config(&objects);
         let (mount, file) = path.rsplit_once('/').unwrap();
-        let (adapted, grpc, http) = adapt(&shipped);
         let config_dir = dir.join(format!("config-{overlay}"));
         std::fs::create_dir_all(&config_dir).unwrap();
-        std::fs::write(config_dir.join(file), adapted).unwrap();
-        for path in [&config_dir, &config_dir.join(file)] {
-            let mode = if path.is_dir() { "755" } else { "644" };
-            assert!(Command::new("chmod")
-                .arg(mode)
-                .arg(path)
-                .status()
-                .unwrap()
-                .success());
-        }
 
         let mut env: Vec<(String, String)> = strings(&image["Env"])
             .iter()
@@ -332,25 +323,40 @@ fn the_image_runs_the_shipped_configuration_as_non_root_and_answers() {
         // Kubernetes sets HOSTNAME to the pod's name; the shard index is its ordinal.
         env.push(("HOSTNAME".into(), "cohort-batcher-1".into()));
         let argv = kubernetes_argv(&image, container);
-        let sandbox = Run {
-            rootfs: &rootfs,
-            user,
-            argv: &argv,
-            env,
-            workdir: image["WorkingDir"].as_str().unwrap_or("/"),
-            config_dir: &config_dir,
-            mount,
-        }
-        .start(dir.join(format!("{overlay}.log")));
 
-        let ready = eventually(Duration::from_secs(20), || {
-            client::request(http, "GET", "/readyz", &[], b"").is_ok_and(|r| r.status == 200)
+        let what = format!("{overlay}: cohort serve in the image");
+        let (sandbox, grpc) = with_port_retries(&what, |_| {
+            let (adapted, grpc, http) = adapt(&shipped);
+            std::fs::write(config_dir.join(file), adapted).unwrap();
+            for path in [&config_dir, &config_dir.join(file)] {
+                let mode = if path.is_dir() { "755" } else { "644" };
+                let chmod = Command::new("chmod").arg(mode).arg(path).status();
+                assert!(chmod.unwrap().success());
+            }
+            let mut sandbox = Run {
+                rootfs: &rootfs,
+                user,
+                argv: &argv,
+                env: env.clone(),
+                workdir: image["WorkingDir"].as_str().unwrap_or("/"),
+                config_dir: &config_dir,
+                mount,
+            }
+            .start(dir.join(format!("{overlay}.log")));
+            let mut exited = false;
+            let ready = eventually(Duration::from_secs(20), || {
+                exited = sandbox.child.try_wait().unwrap().is_some();
+                exited
+                    || client::request(http, "GET", "/readyz", &[], b"")
+                        .is_ok_and(|r| r.status == 200)
+            });
+            let log = sandbox.log();
+            match (ready, exited) {
+                (true, false) => Ok((sandbox, grpc)),
+                (_, true) if port_was_taken(&log) => Err(log),
+                _ => panic!("{overlay}: /readyz not 200 in 20 s:\n{log}"),
+            }
         });
-        assert!(
-            ready,
-            "{overlay}: /readyz not 200 in 20 s:\n{}",
-            sandbox.log()
-        );
         let reply = assign(grpc);
         let toml: toml::Table = shipped.parse().unwrap();
         let names: Vec<&str> = toml["replicas"]
