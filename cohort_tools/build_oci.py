@@ -95,9 +95,8 @@ class Tree:
             self.directory(parent)
             parent = posixpath.dirname(parent)
 
-    def file(self, path, data, mode=0o644, parents=True):
-        if parents:
-            self.parents(path)
+    def file(self, path, data, mode=0o644):
+        self.parents(path)
         self._put(path, (tarfile.REGTYPE, mode, data))
 
     def symlink(self, path, target):
