@@ -17,6 +17,7 @@ use crate::batcher::{self, AssignCounter, AssignFallback, AssignOutcome};
 use crate::breaker::{self, Group};
 use crate::config::{FilterConfig, Mode};
 use crate::decision::{self, reason, Admission, HeadersVerdict, RequestPlan, Routing};
+use crate::knob_effect::{self, Knob};
 use crate::learned_table::SharedTable;
 use crate::shared::{unix_ms, Shared};
 use cohort_fingerprint::{IntentSketch, CODEBOOK_VERSION, SKETCH_VERSION};
@@ -77,6 +78,8 @@ pub struct CohortHttp {
     progress: Option<Progress>,
     /// When the request headers came, for the breaker's outcome (only while it is on).
     started: Option<SystemTime>,
+    /// The knob headers the request set (LLM API requests only).
+    knobs_sent: Vec<Knob>,
 }
 
 impl CohortHttp {
@@ -87,6 +90,7 @@ impl CohortHttp {
             buffered: 0,
             progress: None,
             started: None,
+            knobs_sent: Vec::new(),
         }
     }
 
@@ -521,6 +525,7 @@ impl HttpContext for CohortHttp {
                 Action::Continue
             }
             HeadersVerdict::Buffer(plan) => {
+                self.knobs_sent = knob_effect::sent(&config.headers, &headers);
                 let route = if config.rollout.filters_routes() {
                     self.route_name()
                 } else {
@@ -620,6 +625,22 @@ impl HttpContext for CohortHttp {
         let value = format!("{}; {detail}", env!("CARGO_PKG_VERSION"));
         let name = config.headers.response.clone();
         self.add_http_response_header(&name, &value);
+        // The mode the request was routed in, as `x-cohort` says: assigned, or by key.
+        if let State::Routed { shard, .. } = &self.state {
+            let mode = if shard.is_some() {
+                config.mode
+            } else {
+                Mode::Affinity
+            };
+            let ignored = knob_effect::ignored(mode, &self.knobs_sent);
+            if !ignored.is_empty() {
+                let name = config.headers.ignored.clone();
+                self.add_http_response_header(&name, &knob_effect::header_value(&ignored));
+                if let Some(stats) = &self.shared.stats {
+                    stats.count_ignored_knobs(mode, &ignored);
+                }
+            }
+        }
         Action::Continue
     }
 
