@@ -1459,10 +1459,24 @@ fn the_envoy_filters_wasm_config_routes_requests_in_envoy() {
     let config = envoy_with(serde_yaml::to_value(&resource).unwrap(), &upstream);
     let envoy = Envoy::start(&config);
 
+    // A session of the shipped rollout's treated share (the other 5% is the hold-out,
+    // forwarded untouched).
+    let shipped = FilterConfig::parse(
+        resource["typed_config"]["value"]["config"]["configuration"]["value"]
+            .as_str()
+            .unwrap()
+            .as_bytes(),
+    )
+    .unwrap();
+    let salt = cohort_fingerprint::TenantSalt::new(shipped.salt_secret.as_bytes(), None);
+    let session = (0..)
+        .map(|i| format!("session-{i}"))
+        .find(|s| cohort_filter::rollout::bucket(salt, s) < shipped.rollout.treated_buckets())
+        .unwrap();
     let response = post_json(
         envoy.listen_port,
         "/v1/chat/completions",
-        &[],
+        &[(shipped.rollout_key_header(), &session)],
         &chat_request(),
     );
     assert_eq!(response.status, 200, "{}", envoy.log());

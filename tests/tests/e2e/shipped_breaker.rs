@@ -17,7 +17,10 @@
 //!
 //! 1. healthy load: the breaker stays closed, both groups are served;
 //! 2. **Cohort's requests fail 2%** (the hold-out's do not): the breaker opens within its
-//!    window, and from then on every request takes the traditional path and succeeds;
+//!    window (the evidence gathered in `window_s`, and a fold), and from then on every
+//!    request takes the traditional path and succeeds. With a 5% hold-out it is usually
+//!    the absolute rule that has the evidence first (docs/FILTER.md); the test prints
+//!    which rule tripped;
 //! 3. **recovery**: the fault heals; the breaker stays open for its cool-down, probes, and
 //!    closes; Cohort routes again;
 //! 4. **every request fails 2%**: the relative rule stays closed (the hold-out fails as
@@ -45,6 +48,8 @@ const ENGINE_DELAY: Duration = Duration::from_millis(200);
 /// How long after the state gauge flips every worker acts on it (two folds, with room for
 /// late ticks on a loaded machine).
 const SETTLE: Duration = Duration::from_millis(1200);
+/// A fold of the breaker (0.5 s) and its tick, with room for late ticks.
+const FOLD: Duration = Duration::from_secs(2);
 /// The runtime keys of the two fault filters.
 const FAULT_ROUTED: &str = "test.fault.routed.abort_percent";
 const FAULT_ALL: &str = "test.fault.all.abort_percent";
@@ -230,8 +235,8 @@ fn the_shipped_breaker_trips_and_recovers(overlay: &str) {
     let mut marks = std::collections::BTreeMap::new();
     let mut relative_trip = (0, 0);
     let sent = under_load(&stack, |start| {
-        // Deliberate window of healthy load: 4 s.
-        std::thread::sleep(Duration::from_secs(4));
+        // Deliberate window of healthy load: 3 s.
+        std::thread::sleep(Duration::from_secs(3));
         assert_eq!(
             stat(&stack, "breaker_state"),
             0,
@@ -240,8 +245,8 @@ fn the_shipped_breaker_trips_and_recovers(overlay: &str) {
         marks.insert("fault_routed", start.elapsed());
         set_fault(&stack, FAULT_ROUTED, 2);
         assert!(
-            wait_state(&stack, 1, window),
-            "{overlay}: not open within {window:?} of Cohort's requests failing 2%"
+            wait_state(&stack, 1, window + FOLD),
+            "{overlay}: not open within {window:?} (and a fold) of Cohort's requests failing 2%"
         );
         marks.insert("open", start.elapsed());
         relative_trip = (
@@ -262,8 +267,8 @@ fn the_shipped_breaker_trips_and_recovers(overlay: &str) {
         marks.insert("fault_all", start.elapsed());
         set_fault(&stack, FAULT_ALL, 2);
         assert!(
-            wait_state(&stack, 1, window),
-            "{overlay}: not open within {window:?} of every request failing 2%"
+            wait_state(&stack, 1, window + FOLD),
+            "{overlay}: not open within {window:?} (and a fold) of every request failing 2%"
         );
         marks.insert("open_again", start.elapsed());
         set_fault(&stack, FAULT_ALL, 0);
@@ -346,7 +351,8 @@ fn the_shipped_breaker_trips_and_recovers(overlay: &str) {
         "{overlay}"
     );
     assert_eq!(stat(&stack, "breaker_trips_total"), 2, "{overlay}");
-    assert!(stat(&stack, "responses_holdout_5xx_total") > 0, "{overlay}");
+    // (The hold-out's own 5xx are by chance: some 45 requests at 2%, none 40% of the time.)
+    assert!(stat(&stack, "responses_holdout_total") > 0, "{overlay}");
 }
 
 #[test]
