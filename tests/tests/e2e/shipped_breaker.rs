@@ -10,10 +10,10 @@
 //! (a time to first token; the batch front's hold window must not read as a latency fault
 //! against a sub-millisecond upstream). The rollout and breaker values are the overlay's.
 //!
-//! Faults: two Envoy fault filters after the Cohort filter answer 503 to a runtime-set
+//! Faults: Envoy fault filters after the Cohort filter answer 503 to a runtime-set
 //! percentage of requests: one only to requests Cohort routed (they carry `x-cohort-key`;
-//! held-out and bypassed requests do not), the other to every request. Each run, per
-//! overlay:
+//! held-out and bypassed requests do not), the other to every request; a third delays
+//! Cohort's requests. Each run, per overlay:
 //!
 //! 1. healthy load: the breaker stays closed, both groups are served;
 //! 2. **Cohort's requests fail 2%** (the hold-out's do not): the breaker opens within its
@@ -25,6 +25,9 @@
 //!    closes; Cohort routes again;
 //! 4. **every request fails 2%**: the relative rule stays closed (the hold-out fails as
 //!    much), and the absolute rule opens the breaker.
+//!
+//! And in a run of its own per overlay, **Cohort's requests turn 4× slower** than the
+//! hold-out's: the relative rule opens the breaker.
 //!
 //! Load: 2,000 session ids (`x-cohort-session`, the shipped rollout key) from 64 clients,
 //! each sending one request every 320 ms: 200 requests/s offered, so the 5% hold-out gets
@@ -50,9 +53,13 @@ const ENGINE_DELAY: Duration = Duration::from_millis(200);
 const SETTLE: Duration = Duration::from_millis(1200);
 /// A fold of the breaker (0.5 s) and its tick, with room for late ticks.
 const FOLD: Duration = Duration::from_secs(2);
-/// The runtime keys of the two fault filters.
+/// The runtime keys of the fault filters: 503s to Cohort's requests, 503s to every
+/// request, a delay of Cohort's requests.
 const FAULT_ROUTED: &str = "test.fault.routed.abort_percent";
 const FAULT_ALL: &str = "test.fault.all.abort_percent";
+const DELAY_ROUTED: &str = "test.fault.routed.delay_percent";
+/// The delay: 200 ms answers become 800 ms ones, 4× the hold-out's.
+const DELAY: &str = "0.6s";
 
 /// The filter configuration the overlay ships, as rendered by kustomize.
 fn shipped(overlay: &str) -> Value {
@@ -74,7 +81,18 @@ fn fault_filter(name: &str, runtime_key: &str, header: Option<&str>) -> Yaml {
     .unwrap()
 }
 
-/// Inserts the two fault filters before the router, and a runtime the admin API can set.
+/// An Envoy fault filter delaying the runtime key's percentage of the requests with
+/// `header` by [`DELAY`].
+fn delay_filter(name: &str, runtime_key: &str, header: &str) -> Yaml {
+    serde_yaml::from_str(&format!(
+        "{{name: {name}, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault, \
+         delay: {{fixed_delay: {DELAY}, percentage: {{numerator: 0, denominator: HUNDRED}}}}, \
+         delay_percent_runtime: {runtime_key}, headers: [{{name: {header}, present_match: true}}]}}}}"
+    ))
+    .unwrap()
+}
+
+/// Inserts the fault filters before the router, and a runtime the admin API can set.
 fn with_faults(yaml: &mut Yaml) {
     let filters = yaml["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
         ["typed_config"]["http_filters"]
@@ -88,6 +106,10 @@ fn with_faults(yaml: &mut Yaml) {
     filters.insert(
         router,
         fault_filter("fault-routed", FAULT_ROUTED, Some("x-cohort-key")),
+    );
+    filters.insert(
+        router,
+        delay_filter("delay-routed", DELAY_ROUTED, "x-cohort-key"),
     );
     yaml["layered_runtime"] =
         serde_yaml::from_str("{layers: [{name: admin, admin_layer: {}}]}").unwrap();
@@ -353,6 +375,59 @@ fn the_shipped_breaker_trips_and_recovers(overlay: &str) {
     assert_eq!(stat(&stack, "breaker_trips_total"), 2, "{overlay}");
     // (The hold-out's own 5xx are by chance: some 45 requests at 2%, none 40% of the time.)
     assert!(stat(&stack, "responses_holdout_total") > 0, "{overlay}");
+}
+
+/// Cohort's requests turn 4× slower than the hold-out's (a delay of 600 ms on 200 ms
+/// answers): the relative rule, the one that compares with the hold-out, opens the breaker.
+fn the_shipped_relative_rule_opens_on_cohort_latency(overlay: &str) {
+    let _serial = cohort_tests::one_at_a_time();
+    let (stack, config) = stack(overlay);
+    let window = Duration::from_secs(config["breaker"]["window_s"].as_u64().unwrap());
+    let mut marks = std::collections::BTreeMap::new();
+    let sent = under_load(&stack, |start| {
+        // Deliberate window of healthy load: 3 s.
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(
+            stat(&stack, "breaker_state"),
+            0,
+            "{overlay}: healthy and closed"
+        );
+        marks.insert("slow", start.elapsed());
+        set_fault(&stack, DELAY_ROUTED, 100);
+        assert!(
+            wait_state(&stack, 1, window + FOLD),
+            "{overlay}: not open within {window:?} (and a fold) of Cohort's requests turning 4x slower"
+        );
+        marks.insert("open", start.elapsed());
+        set_fault(&stack, DELAY_ROUTED, 0);
+    });
+    let (slow, open) = (marks["slow"], marks["open"]);
+    println!(
+        "{overlay}: Cohort's requests 4x slower -> open {:.2} s; slow phase {}",
+        (open - slow).as_secs_f64(),
+        summary(&between(&sent, slow, open))
+    );
+    assert!(
+        sent.iter().all(|s| s.status == 200),
+        "{overlay}: slow, never failed"
+    );
+    assert_eq!(stat(&stack, "breaker_trips_relative_total"), 1, "{overlay}");
+    assert_eq!(stat(&stack, "breaker_trips_absolute_total"), 0, "{overlay}");
+}
+
+#[test]
+fn base_overlay_latency() {
+    the_shipped_relative_rule_opens_on_cohort_latency("base");
+}
+
+#[test]
+fn assign_overlay_latency() {
+    the_shipped_relative_rule_opens_on_cohort_latency("assign");
+}
+
+#[test]
+fn batch_overlay_latency() {
+    the_shipped_relative_rule_opens_on_cohort_latency("batch");
 }
 
 #[test]
