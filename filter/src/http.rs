@@ -54,6 +54,8 @@ enum State {
         cluster: String,
         shard: Option<String>,
         fallback: Option<AssignFallback>,
+        /// Knobs the batcher that assigned it cannot act on.
+        inert: Vec<Knob>,
     },
     /// Passed through untouched for this reason.
     Bypassed(&'static str),
@@ -338,6 +340,7 @@ impl CohortHttp {
                         cluster: routing.cluster,
                         shard: None,
                         fallback: Some(AssignFallback::Error),
+                        inert: Vec::new(),
                     };
                     return Action::Continue;
                 }
@@ -348,6 +351,7 @@ impl CohortHttp {
             cluster: routing.cluster,
             shard: None,
             fallback: None,
+            inert: Vec::new(),
         };
         Action::Continue
     }
@@ -486,6 +490,7 @@ impl Context for CohortHttp {
             cluster: outcome.cluster,
             shard: outcome.shard,
             fallback: outcome.fallback,
+            inert: outcome.inert_knobs,
         };
         let _ = hostcalls::resume_http_request();
     }
@@ -626,13 +631,13 @@ impl HttpContext for CohortHttp {
         let name = config.headers.response.clone();
         self.add_http_response_header(&name, &value);
         // The mode the request was routed in, as `x-cohort` says: assigned, or by key.
-        if let State::Routed { shard, .. } = &self.state {
+        if let State::Routed { shard, inert, .. } = &self.state {
             let mode = if shard.is_some() {
                 config.mode
             } else {
                 Mode::Affinity
             };
-            let ignored = knob_effect::ignored(mode, &self.knobs_sent);
+            let ignored = knob_effect::ignored(mode, &self.knobs_sent, inert);
             if !ignored.is_empty() {
                 let name = config.headers.ignored.clone();
                 self.add_http_response_header(&name, &knob_effect::header_value(&ignored));

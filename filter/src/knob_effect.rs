@@ -10,7 +10,10 @@
 //! `cohort_knob_ignored_<knob>_<mode>_total`.
 //!
 //! The mode is the one the request was routed in, as the response's `x-cohort` says: an
-//! assign or batch request whose `Assign` call failed was routed as in affinity mode.
+//! assign or batch request whose `Assign` call failed was routed as in affinity mode. The
+//! batcher adds what it cannot act on where it runs (`AssignReply.inert_knobs`: the
+//! prefetch level and the session when it knows the replicas by name only, so has no
+//! front to warm through and no predictor).
 //! A request the filter passed through acted on no knob; its `x-cohort` already says
 //! `bypass=…`, so it gets no `x-cohort-ignored`.
 
@@ -65,6 +68,11 @@ impl Knob {
         }
     }
 
+    /// The knob of an `x-cohort-ignored` name (the batcher's `inert_knobs`).
+    pub fn from_name(name: &str) -> Option<Knob> {
+        Knob::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     /// The header this knob is read from (as configured).
     pub fn header(self, names: &HeaderNames) -> &str {
         match self {
@@ -102,12 +110,19 @@ pub fn effect(knob: Knob, mode: Mode) -> Effect {
     }
 }
 
-/// The (knob, mode) cells where a knob can be ignored: the stats defined up front.
+/// The knobs a batcher may report it cannot act on (`AssignReply.inert_knobs`).
+pub const BATCHER_MAY_IGNORE: [Knob; 2] = [Knob::Prefetch, Knob::Session];
+
+/// The (knob, mode) cells where a knob can be ignored, by the table or by the batcher: the
+/// stats defined up front.
 pub fn ignorable() -> Vec<(Knob, Mode)> {
     [Mode::Affinity, Mode::Assign, Mode::Batch]
         .into_iter()
         .flat_map(|mode| Knob::ALL.into_iter().map(move |knob| (knob, mode)))
-        .filter(|&(knob, mode)| effect(knob, mode) != Effect::Acts)
+        .filter(|&(knob, mode)| {
+            effect(knob, mode) != Effect::Acts
+                || (mode != Mode::Affinity && BATCHER_MAY_IGNORE.contains(&knob))
+        })
         .collect()
 }
 
@@ -120,15 +135,19 @@ pub fn sent(names: &HeaderNames, headers: &[(String, String)]) -> Vec<Knob> {
         .collect()
 }
 
-/// Of the knobs `sent`, those with no effect on a request routed in `mode`.
-pub fn ignored(mode: Mode, sent: &[Knob]) -> Vec<Knob> {
+/// Of the knobs `sent`, those with no effect on a request routed in `mode`, where the
+/// batcher that assigned it (if any) cannot act on `inert`.
+pub fn ignored(mode: Mode, sent: &[Knob], inert: &[Knob]) -> Vec<Knob> {
     let has_session = sent.contains(&Knob::Session);
     sent.iter()
         .copied()
-        .filter(|&knob| match effect(knob, mode) {
-            Effect::Acts => false,
-            Effect::ActsWithSession => !has_session,
-            Effect::Ignored => true,
+        .filter(|&knob| {
+            inert.contains(&knob)
+                || match effect(knob, mode) {
+                    Effect::Acts => false,
+                    Effect::ActsWithSession => !has_session,
+                    Effect::Ignored => true,
+                }
         })
         .collect()
 }
@@ -170,7 +189,7 @@ mod tests {
             [Knob::Prefetch, Knob::BatchThreshold, Knob::CacheTtl],
             "table order, other headers left out"
         );
-        let ignored = ignored(Mode::Affinity, &sent);
+        let ignored = ignored(Mode::Affinity, &sent, &[]);
         assert_eq!(header_value(&ignored), "prefetch,cache-ttl");
         assert_eq!(header_value(&[]), "");
     }
@@ -195,18 +214,37 @@ mod tests {
                 assert_eq!(effect(knob, mode), expected, "{knob:?} in {mode:?}");
             }
         }
-        assert_eq!(ignorable().len(), 4);
+        // The table's four, and the batcher's two in assign and batch mode (prefetch in
+        // assign mode counted once).
+        assert_eq!(ignorable().len(), 7);
     }
 
     #[test]
     fn assign_mode_ignores_prefetch_only_without_a_session() {
-        assert_eq!(ignored(Mode::Assign, &[Knob::Prefetch]), [Knob::Prefetch]);
-        assert!(ignored(Mode::Assign, &[Knob::Prefetch, Knob::Session]).is_empty());
-        assert!(ignored(Mode::Batch, &Knob::ALL).is_empty());
         assert_eq!(
-            ignored(Mode::Affinity, &Knob::ALL),
+            ignored(Mode::Assign, &[Knob::Prefetch], &[]),
+            [Knob::Prefetch]
+        );
+        assert!(ignored(Mode::Assign, &[Knob::Prefetch, Knob::Session], &[]).is_empty());
+        assert!(ignored(Mode::Batch, &Knob::ALL, &[]).is_empty());
+        assert_eq!(
+            ignored(Mode::Affinity, &Knob::ALL, &[]),
             [Knob::Prefetch, Knob::CacheTtl, Knob::Session]
         );
+    }
+
+    #[test]
+    fn what_the_batcher_cannot_act_on_is_ignored_when_sent() {
+        let inert = [Knob::Prefetch, Knob::Session];
+        let sent = [Knob::Prefetch, Knob::CacheTtl, Knob::Session];
+        assert_eq!(
+            ignored(Mode::Assign, &sent, &inert),
+            [Knob::Prefetch, Knob::Session]
+        );
+        // Only what the request set.
+        assert!(ignored(Mode::Assign, &[Knob::CacheTtl], &inert).is_empty());
+        assert_eq!(Knob::from_name("cache-ttl"), Some(Knob::CacheTtl));
+        assert_eq!(Knob::from_name("cache_ttl"), None);
     }
 
     #[test]

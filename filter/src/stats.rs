@@ -31,7 +31,7 @@
 //! | `cohort_breaker_state` | gauge | 0 closed, 1 open, 2 half-open |
 //! | `cohort_breaker_trips_total` | counter | times the breaker opened |
 //! | `cohort_breaker_trips_<rule>_total` | counter | of which by the `relative` rule (against the hold-out) or the `absolute` one |
-//! | `cohort_knob_ignored_<knob>_<mode>_total` | counter | requests that set a knob header with no effect in the mode they were routed in (named in `x-cohort-ignored`; `crate::knob_effect`) |
+//! | `cohort_knob_ignored_<knob>_<mode>_total` | counter | requests that set a knob header with no effect in the mode they were routed in, or that their batcher cannot act on (named in `x-cohort-ignored`; `crate::knob_effect`) |
 
 use crate::breaker::Rule;
 use crate::config::Mode;

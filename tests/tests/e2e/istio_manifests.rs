@@ -1373,7 +1373,8 @@ fn documented_batcher_metrics_are_the_ones_the_batcher_writes() {
 
 #[test]
 fn every_filter_stat_name_is_documented() {
-    // The per-reason and per-knob counters are named at run time (filter/src/stats.rs).
+    // The per-reason, per-knob, per-rule and per-cell counters are named at run time
+    // (filter/src/stats.rs).
     let documented = documented_metrics();
     let reasons = cohort_filter::decision::all_bypass_reasons();
     let knobs = ["prefetch", "batch_threshold", "cache_ttl", "semantic_mode"];
@@ -1384,6 +1385,22 @@ fn every_filter_stat_name_is_documented() {
             knobs
                 .iter()
                 .map(|knob| format!("cohort_invalid_knob_{knob}_total")),
+        )
+        .chain(
+            cohort_filter::knob_effect::ignorable()
+                .into_iter()
+                .map(|(knob, mode)| {
+                    format!(
+                        "cohort_knob_ignored_{}_{}_total",
+                        knob.stat_name(),
+                        mode.as_str()
+                    )
+                }),
+        )
+        .chain(
+            cohort_filter::breaker::Rule::ALL
+                .iter()
+                .map(|rule| format!("cohort_breaker_trips_{}_total", rule.as_str())),
         );
     // The fixed names: every `counter("cohort_…")` / `histogram("cohort_…")` in stats.rs.
     let source = std::fs::read_to_string(workspace().join("filter/src/stats.rs")).unwrap();

@@ -8,16 +8,21 @@
 //! knob. An **ignored** cell must show in the response's `x-cohort-ignored` and in its
 //! stat, `cohort_knob_ignored_<knob>_<mode>_total`.
 //!
-//! The batcher here is a recording gRPC server of the `cohort.v1` contract that answers
-//! every `Assign` with `replica-0`: what the batcher does with the fields (warm-ups,
+//! The batcher of the walk is a recording gRPC server of the `cohort.v1` contract that
+//! answers every `Assign` with `replica-0`, as a batcher that knows the replicas' URLs
+//! (and so has its front) does: what the batcher does with the fields (warm-ups,
 //! residency, the predictor) is tested against real `cohort serve` in `assign_prefetch`,
-//! `batcher_assign` and `batch_knobs`; this walk checks what the filter hands it and
-//! what the caller is told.
+//! `batcher_assign` and `batch_knobs`; this walk checks what the filter hands it and what
+//! the caller is told. A real `cohort serve` that knows the replicas by name only has no
+//! front, so it cannot warm or predict: it says so in its reply, and the caller is told
+//! that the prefetch level and the session did nothing
+//! (`a_batcher_without_the_replicas_urls_says_prefetch_and_session_do_nothing`).
 
 use cohort_proto as pb;
 use cohort_tests::client::Connection;
 use cohort_tests::config::{self, set_endpoints, set_filter};
 use cohort_tests::envoy::Envoy;
+use cohort_tests::stack::{Replicas, Stack};
 use cohort_tests::upstream::{Received, Upstream};
 use pb::batcher_server::{Batcher, BatcherServer};
 use serde_json::json;
@@ -489,4 +494,38 @@ fn affinity_mode_names_every_ignored_knob_of_a_request() {
             .stat("wasmcustom.cohort_invalid_knob_cache_ttl_total"),
         1
     );
+}
+
+#[test]
+fn a_batcher_without_the_replicas_urls_says_prefetch_and_session_do_nothing() {
+    let headers = [
+        ("x-cohort-prefetch", "high"),
+        ("x-cohort-session", "session-a"),
+        ("x-cohort-cache-ttl", "1800"),
+    ];
+    let body = serde_json::to_vec(&json!({"model": "m", "messages": [
+        {"role": "user", "content": "can you help me cancel the order I placed yesterday"}
+    ]}))
+    .unwrap();
+    // By name only (the shipped assign overlay's COHORT_REPLICAS): no front.
+    let names = Stack::assign().start();
+    let response = cohort_tests::client::post_json(names.port(), CHAT, &headers, &body);
+    let cohort = response.header("x-cohort").unwrap_or("").to_owned();
+    assert!(cohort.contains("mode=assign"), "{cohort}");
+    assert_eq!(
+        response.header("x-cohort-ignored"),
+        Some("prefetch,session"),
+        "{cohort}"
+    );
+    for knob in ["prefetch", "session"] {
+        let stat = format!("wasmcustom.cohort_knob_ignored_{knob}_assign_total");
+        assert_eq!(names.envoy.stat(&stat), 1, "{stat}");
+    }
+    drop(names);
+    // With the replicas' URLs the batcher has its front: both act.
+    let urls = Stack::assign().replicas(Replicas::Urls).start();
+    let response = cohort_tests::client::post_json(urls.port(), CHAT, &headers, &body);
+    let cohort = response.header("x-cohort").unwrap_or("").to_owned();
+    assert!(cohort.contains("mode=assign"), "{cohort}");
+    assert_eq!(response.header("x-cohort-ignored"), None, "{cohort}");
 }
