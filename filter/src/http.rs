@@ -5,7 +5,9 @@
 //! `x-cohort-*` headers, clear the route cache so Envoy routes on them, continue. Any
 //! failure (guards, parse errors, a body over the limit) is a bypass: the request goes on
 //! unchanged except for `x-cohort-bypass: <reason>`, and the reason is counted. Response:
-//! `x-cohort: <version>; mode=…; cluster=…; sketch=v2; codebook=v1` (or `bypass=…`).
+//! `x-cohort: <version>; mode=…; cluster=…; sketch=v2; codebook=v1` (or `bypass=…`), and
+//! for a routed request that set knobs with no effect in its mode, `x-cohort-ignored`
+//! ([`crate::knob_effect`]).
 //!
 //! Assign mode: after the headers are written (so the request is already routable by key),
 //! the request waits for a unary `Assign` call to its batcher shard, at most the configured
