@@ -22,6 +22,7 @@
 
 use crate::config::{FilterConfig, Mode};
 use crate::decision::RequestPlan;
+use crate::knob_effect::Knob;
 use cohort_fingerprint::knobs::Prefetch as KnobPrefetch;
 use cohort_fingerprint::shard::{jump_hash, shard_key, SHARD_KEY_DEPTH};
 use cohort_fingerprint::sketch::{SemanticMode as CoreMode, SKETCH_VERSION};
@@ -215,6 +216,9 @@ pub struct Assignment {
     pub ticket: u64,
     /// The batcher wants the body as its cohort's warm-up exemplar (assign mode).
     pub exemplar_wanted: bool,
+    /// Knobs the batcher cannot act on where it runs (names it sent that the filter does
+    /// not know are dropped).
+    pub inert_knobs: Vec<Knob>,
 }
 
 /// Decodes and checks an `AssignReply`.
@@ -238,6 +242,11 @@ pub fn read_assign_reply(bytes: &[u8]) -> Result<Assignment, ReplyError> {
         reason,
         ticket: reply.ticket,
         exemplar_wanted: reply.exemplar_wanted,
+        inert_knobs: reply
+            .inert_knobs
+            .iter()
+            .filter_map(|name| Knob::from_name(name))
+            .collect(),
     })
 }
 
@@ -298,6 +307,8 @@ pub struct AssignOutcome {
     pub progress_ticket: Option<u64>,
     /// Whether the kept body goes to the batcher as its cohort's exemplar.
     pub send_exemplar: bool,
+    /// Knobs the batcher said it cannot act on (empty on a fallback).
+    pub inert_knobs: Vec<Knob>,
 }
 
 impl AssignOutcome {
@@ -310,6 +321,7 @@ impl AssignOutcome {
             fallback: Some(why),
             progress_ticket: None,
             send_exemplar: false,
+            inert_knobs: Vec::new(),
         }
     }
 
@@ -397,6 +409,7 @@ pub fn assign_outcome(
         cluster,
         progress_ticket: (config.observe && assignment.ticket != 0).then_some(assignment.ticket),
         send_exemplar: assignment.exemplar_wanted && !kept_body.is_empty(),
+        inert_knobs: assignment.inert_knobs,
         shard: Some(assignment.shard),
         fallback: None,
     }
@@ -642,11 +655,17 @@ mod tests {
                 reason: "prefix".into(),
                 ticket: 77,
                 exemplar_wanted: true,
+                inert_knobs: vec!["session".into(), "no-such-knob".into()],
             }
             .encode_to_vec()
         };
         let ok = read_assign_reply(&encode("replica-1", "0000002a")).unwrap();
         assert_eq!(ok.ticket, 77, "the ticket comes back for progress reports");
+        assert_eq!(
+            ok.inert_knobs,
+            [Knob::Session],
+            "unknown knob names are dropped"
+        );
         assert_eq!(ok.shard, "replica-1");
         assert_eq!(ok.cluster, "0000002a");
         assert_eq!(ok.reason, "prefix");
@@ -701,6 +720,7 @@ mod tests {
             reason: "prefix".into(),
             ticket,
             exemplar_wanted,
+            inert_knobs: Vec::new(),
         })
     }
 

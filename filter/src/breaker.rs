@@ -8,15 +8,25 @@
 //! token). Outcomes are kept per second over a sliding window (`window_s`).
 //!
 //! The states:
-//! - **closed** (Cohort acts): it trips when, over the window, both groups have at least
-//!   `min_requests` outcomes and either the cohort group's 5xx rate is above
-//!   `max_error_rate` (0.5%) *and* above the hold-out's, or its p99 is more than
-//!   `max_latency_increase` (+200%) over the hold-out's p99 and more than
-//!   `min_latency_delta_ms` (50 ms) above it (below that, the ratio is Cohort's own
-//!   sub-millisecond work against a fast upstream, not harm). Without a hold-out
-//!   (`rollout.share` 1) there is nothing to compare with and it never trips: a fleet
-//!   whose engines fail fails with or without Cohort, and per-request fail-open (Assign
-//!   deadline, bypass) still applies.
+//! - **closed** (Cohort acts): it trips on one of two rules over the window.
+//!   - The **relative** rule compares with the hold-out, once both groups have at least
+//!     `min_requests` outcomes: the cohort group's 5xx rate is above `max_error_rate`
+//!     (0.5%) *and* above the hold-out's by more than chance (a one-sided two-proportion
+//!     z test, z ≥ `evidence_z`), or its p99 is more than `max_latency_increase` (+200%)
+//!     over the hold-out's p99 and more than `min_latency_delta_ms` (50 ms) above it
+//!     (below that, the ratio is Cohort's own sub-millisecond work against a fast
+//!     upstream, not harm).
+//!   - The **absolute** rule needs no hold-out: once the cohort group has at least
+//!     `absolute_min_requests` outcomes, its 5xx rate is above `absolute_max_error_rate`
+//!     (0.5%) by more than chance (z ≥ `evidence_z` against that rate).
+//!
+//!   The evidence bound is what keeps a fleet that fails for everyone from tripping the
+//!   relative rule by the luck of a small hold-out (5% of the users: a few dozen
+//!   outcomes, often none of them 5xx), and a healthy fleet's odd 5xx from tripping the
+//!   absolute one. Its price: telling a 2% cohort error rate from a clean hold-out takes
+//!   some 450 hold-out outcomes, and from 0.5% some 200 cohort outcomes, so with a small
+//!   hold-out the absolute rule is usually the first to see an error fault; the relative
+//!   rule is the one that sees latency, and errors when the absolute rule is off.
 //! - **open**: every request bypasses Cohort (`breaker_open`) for `cool_down_s`.
 //! - **half-open**: a probe share of the treated users (`probe_share`, by the same stable
 //!   bucket as the rollout) goes through Cohort again, the rest still bypasses. The window
@@ -232,9 +242,10 @@ pub struct BreakerConfig {
     pub enabled: bool,
     /// Sliding window the rates and the p99s are taken over, seconds.
     pub window_s: u64,
-    /// Outcomes a group needs in the window before it is judged.
+    /// Outcomes each group needs in the window before the relative rule judges.
     pub min_requests: u64,
-    /// Trip when the cohort group's 5xx rate is above this and above the hold-out's.
+    /// Relative rule: trip when the cohort group's 5xx rate is above this and above the
+    /// hold-out's (by `evidence_z`).
     pub max_error_rate: f64,
     /// Trip when the cohort group's p99 is above the hold-out's × (1 + this)…
     pub max_latency_increase: f64,
@@ -247,6 +258,17 @@ pub struct BreakerConfig {
     pub probe_share: f64,
     /// How long probes must go without a trip to close, seconds.
     pub probe_s: u64,
+    /// Whether the absolute rule (no hold-out needed) judges.
+    pub absolute_enabled: bool,
+    /// Absolute rule: trip when the cohort group's 5xx rate is above this (by
+    /// `evidence_z`).
+    pub absolute_max_error_rate: f64,
+    /// Outcomes the cohort group needs in the window before the absolute rule judges.
+    pub absolute_min_requests: u64,
+    /// How many standard errors an error rate must stand above its bound (the hold-out's
+    /// rate, or `absolute_max_error_rate`) to trip: 3 leaves about one chance in 700 per
+    /// independent window; 0 trips on the rates alone.
+    pub evidence_z: f64,
 }
 
 impl Default for BreakerConfig {
@@ -261,6 +283,10 @@ impl Default for BreakerConfig {
             cool_down_s: 30,
             probe_share: 0.1,
             probe_s: 10,
+            absolute_enabled: true,
+            absolute_max_error_rate: 0.005,
+            absolute_min_requests: 200,
+            evidence_z: 3.0,
         }
     }
 }
@@ -268,10 +294,89 @@ impl Default for BreakerConfig {
 /// Why the breaker tripped.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Trip {
-    /// 5xx rates of the cohort group and the hold-out.
+    /// Relative rule: 5xx rates of the cohort group and the hold-out.
     Errors { cohort: f64, holdout: f64 },
-    /// p99 time to first byte of the cohort group and the hold-out, ms.
+    /// Relative rule: p99 time to first byte of the cohort group and the hold-out, ms.
     Latency { cohort: f64, holdout: f64 },
+    /// Absolute rule: the cohort group's 5xx rate over its outcomes.
+    AbsoluteErrors { cohort: f64, requests: u64 },
+}
+
+/// The two rules, for the per-rule trip counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Against the hold-out.
+    Relative,
+    /// Against a fixed error rate.
+    Absolute,
+}
+
+impl Rule {
+    pub const ALL: [Rule; 2] = [Rule::Relative, Rule::Absolute];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rule::Relative => "relative",
+            Rule::Absolute => "absolute",
+        }
+    }
+}
+
+impl Trip {
+    /// The rule that tripped.
+    pub fn rule(&self) -> Rule {
+        match self {
+            Trip::Errors { .. } | Trip::Latency { .. } => Rule::Relative,
+            Trip::AbsoluteErrors { .. } => Rule::Absolute,
+        }
+    }
+}
+
+impl std::fmt::Display for Trip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Trip::Errors { cohort, holdout } => write!(
+                f,
+                "relative: cohort 5xx {:.2}% against the hold-out's {:.2}%",
+                cohort * 100.0,
+                holdout * 100.0
+            ),
+            Trip::Latency { cohort, holdout } => write!(
+                f,
+                "relative: cohort p99 {cohort:.0} ms against the hold-out's {holdout:.0} ms"
+            ),
+            Trip::AbsoluteErrors { cohort, requests } => write!(
+                f,
+                "absolute: cohort 5xx {:.2}% of {requests} responses",
+                cohort * 100.0
+            ),
+        }
+    }
+}
+
+/// One-sided z of the cohort group's error rate over the hold-out's (pooled two-proportion
+/// test); 0 when neither group has an error or both only errors.
+pub fn z_over_holdout(cohort: &GroupStats, holdout: &GroupStats) -> f64 {
+    let (n1, n2) = (cohort.requests as f64, holdout.requests as f64);
+    if n1 == 0.0 || n2 == 0.0 {
+        return 0.0;
+    }
+    let pooled = (cohort.errors + holdout.errors) as f64 / (n1 + n2);
+    let variance = pooled * (1.0 - pooled) * (1.0 / n1 + 1.0 / n2);
+    if variance <= 0.0 {
+        return 0.0;
+    }
+    (cohort.error_rate() - holdout.error_rate()) / variance.sqrt()
+}
+
+/// One-sided z of a group's error rate over a fixed `rate` (0 < `rate` < 1).
+pub fn z_over_rate(group: &GroupStats, rate: f64) -> f64 {
+    let n = group.requests as f64;
+    let variance = rate * (1.0 - rate) / n;
+    if n == 0.0 || variance <= 0.0 {
+        return 0.0;
+    }
+    (group.error_rate() - rate) / variance.sqrt()
 }
 
 /// A change of state, for the log.
@@ -282,15 +387,21 @@ pub struct Transition {
     pub trip: Option<Trip>,
 }
 
-/// The trip rule over one window's totals.
+/// The trip rules over one window's totals: the relative rule first, then the absolute.
 pub fn trip(config: &BreakerConfig, totals: &[GroupStats; 2]) -> Option<Trip> {
+    relative(config, totals).or_else(|| absolute(config, &totals[Group::Cohort as usize]))
+}
+
+/// The relative rule: the cohort group against the hold-out.
+pub fn relative(config: &BreakerConfig, totals: &[GroupStats; 2]) -> Option<Trip> {
     let [cohort, holdout] = totals;
     let enough = config.min_requests.max(1);
     if cohort.requests < enough || holdout.requests < enough {
         return None;
     }
     let (ce, he) = (cohort.error_rate(), holdout.error_rate());
-    if ce > config.max_error_rate && ce > he {
+    if ce > config.max_error_rate && ce > he && z_over_holdout(cohort, holdout) >= config.evidence_z
+    {
         return Some(Trip::Errors {
             cohort: ce,
             holdout: he,
@@ -305,6 +416,20 @@ pub fn trip(config: &BreakerConfig, totals: &[GroupStats; 2]) -> Option<Trip> {
         }
     }
     None
+}
+
+/// The absolute rule: the cohort group's 5xx rate against `absolute_max_error_rate`.
+pub fn absolute(config: &BreakerConfig, cohort: &GroupStats) -> Option<Trip> {
+    if !config.absolute_enabled || cohort.requests < config.absolute_min_requests.max(1) {
+        return None;
+    }
+    let rate = cohort.error_rate();
+    let bound = config.absolute_max_error_rate;
+    let evident = bound <= 0.0 || bound >= 1.0 || z_over_rate(cohort, bound) >= config.evidence_z;
+    (rate > bound && evident).then_some(Trip::AbsoluteErrors {
+        cohort: rate,
+        requests: cohort.requests,
+    })
 }
 
 /// The state every worker shares.
@@ -415,7 +540,7 @@ mod tests {
     }
 
     #[test]
-    fn errors_trip_only_above_the_threshold_and_the_hold_out() {
+    fn errors_trip_only_above_the_threshold_and_the_hold_out_by_more_than_chance() {
         let c = config();
         let both = |ce: u64, he: u64| {
             let mut w = outcomes(1_000, Group::Cohort, 100, ce, 10.0);
@@ -424,12 +549,14 @@ mod tests {
         };
         assert_eq!(both(0, 0), None);
         assert_eq!(
-            both(1, 0),
+            both(10, 0),
             Some(Trip::Errors {
-                cohort: 0.01,
+                cohort: 0.1,
                 holdout: 0.0
             })
         );
+        // One 5xx in 100 against none is chance (z 1.0), not evidence.
+        assert_eq!(both(1, 0), None);
         // The whole fleet is failing: not Cohort's doing.
         assert_eq!(both(5, 5), None);
         assert_eq!(both(5, 8), None);
@@ -437,9 +564,92 @@ mod tests {
         let mut few = outcomes(1_000, Group::Cohort, 10, 10, 10.0);
         few.merge(&outcomes(1_000, Group::Holdout, 100, 0, 10.0));
         assert_eq!(trip(&c, &few.totals(1_000, 5)), None);
-        // No hold-out (share 1): nothing to compare with.
+        // Without a hold-out the relative rule has nothing to compare with; the absolute
+        // rule wants `absolute_min_requests` (200) outcomes first.
         let alone = outcomes(1_000, Group::Cohort, 100, 50, 10.0);
         assert_eq!(trip(&c, &alone.totals(1_000, 5)), None);
+        assert_eq!(relative(&c, &alone.totals(1_000, 5)), None);
+    }
+
+    #[test]
+    fn a_fleet_failing_alike_trips_the_absolute_rule_and_not_the_relative_one() {
+        // 2% of every request fails; a 5% hold-out saw 50 outcomes and, by luck, no 5xx
+        // (a 36% chance at 2%): the rates alone would blame Cohort.
+        let c = BreakerConfig::default();
+        let mut w = outcomes(1_000, Group::Cohort, 950, 19, 10.0);
+        w.merge(&outcomes(1_000, Group::Holdout, 50, 0, 10.0));
+        let totals = w.totals(1_000, 10);
+        assert!(z_over_holdout(&totals[0], &totals[1]) < 1.5);
+        assert_eq!(relative(&c, &totals), None);
+        let naive = BreakerConfig {
+            evidence_z: 0.0,
+            absolute_enabled: false,
+            ..c.clone()
+        };
+        assert!(matches!(trip(&naive, &totals), Some(Trip::Errors { .. })));
+        let tripped = trip(&c, &totals).unwrap();
+        assert_eq!(
+            tripped,
+            Trip::AbsoluteErrors {
+                cohort: 0.02,
+                requests: 950
+            }
+        );
+        assert_eq!(tripped.rule(), Rule::Absolute);
+        assert!(tripped
+            .to_string()
+            .starts_with("absolute: cohort 5xx 2.00% of 950"));
+        // Switched off, it stays closed.
+        let off = BreakerConfig {
+            absolute_enabled: false,
+            ..c
+        };
+        assert_eq!(trip(&off, &totals), None);
+    }
+
+    #[test]
+    fn with_enough_hold_out_the_relative_rule_sees_a_two_percent_fault_first() {
+        // Only Cohort's requests fail (2%), and the hold-out has 500 clean outcomes: the
+        // difference is evident (z 3.2), and the relative rule is judged first.
+        let c = BreakerConfig::default();
+        let mut w = outcomes(1_000, Group::Cohort, 9_500, 190, 10.0);
+        w.merge(&outcomes(1_000, Group::Holdout, 500, 0, 10.0));
+        let tripped = trip(&c, &w.totals(1_000, 10)).unwrap();
+        assert_eq!(tripped.rule(), Rule::Relative);
+        assert!(tripped
+            .to_string()
+            .starts_with("relative: cohort 5xx 2.00%"));
+    }
+
+    #[test]
+    fn the_absolute_rule_needs_no_hold_out_and_ignores_a_healthy_fleet_s_odd_5xx() {
+        let c = BreakerConfig::default();
+        let cohort = |n: u64, errors: u64| {
+            let w = outcomes(1_000, Group::Cohort, n, errors, 10.0);
+            trip(&c, &w.totals(1_000, 10))
+        };
+        // 2% of 300: z 3.7.
+        assert!(matches!(cohort(300, 6), Some(Trip::AbsoluteErrors { .. })));
+        // 2% of 100: below absolute_min_requests.
+        assert_eq!(cohort(100, 2), None);
+        // 0.1%, and 0.6% (above the bound by chance only: z 0.45).
+        assert_eq!(cohort(1_000, 1), None);
+        assert_eq!(cohort(1_000, 6), None);
+        // Every request failing.
+        assert!(matches!(
+            cohort(200, 200),
+            Some(Trip::AbsoluteErrors { .. })
+        ));
+        // Without the evidence bound, the rate alone.
+        let rates = BreakerConfig {
+            evidence_z: 0.0,
+            ..c.clone()
+        };
+        let w = outcomes(1_000, Group::Cohort, 1_000, 6, 10.0);
+        assert!(matches!(
+            trip(&rates, &w.totals(1_000, 10)),
+            Some(Trip::AbsoluteErrors { .. })
+        ));
     }
 
     #[test]
@@ -471,9 +681,11 @@ mod tests {
         w.merge(&outcomes(1_000, Group::Holdout, 100, 0, 20.0));
         let totals = w.totals(1_000, 5);
         let verdict = |c: BreakerConfig| trip(&c, &totals);
+        // Rates alone (no evidence bound: two 5xx in 100 against none is z 1.4).
         let quiet = BreakerConfig {
             max_error_rate: 0.05,
             max_latency_increase: 10.0,
+            evidence_z: 0.0,
             ..config()
         };
         assert_eq!(verdict(quiet.clone()), None);
@@ -482,7 +694,13 @@ mod tests {
             max_error_rate: 0.01,
             ..quiet.clone()
         };
-        assert!(matches!(verdict(errors), Some(Trip::Errors { .. })));
+        assert!(matches!(verdict(errors.clone()), Some(Trip::Errors { .. })));
+        // …unless the difference must be evident.
+        let evident = BreakerConfig {
+            evidence_z: 3.0,
+            ..errors
+        };
+        assert_eq!(verdict(evident), None);
         // A lower latency increase trips on 3× (and 40 ms above, over the 20 ms floor)…
         let slower = BreakerConfig {
             max_latency_increase: 1.0,

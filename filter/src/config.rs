@@ -21,7 +21,8 @@
 //!   "rollout": { "share": 1.0, "key_header": "x-cohort-session" },
 //!   "knobs": { "global": {}, "routes": [], "tenants": {} },
 //!   "learned_cohorts": { "capacity": 128, "per_tenant": 32 },
-//!   "breaker": { "enabled": true, "window_s": 10, "max_error_rate": 0.005, "...": "..." }
+//!   "breaker": { "enabled": true, "window_s": 10, "max_error_rate": 0.005,
+//!                "absolute_max_error_rate": 0.005, "...": "..." }
 //! }
 //! ```
 
@@ -32,7 +33,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 /// How the filter routes (docs/CONTRACT.md, "Modes").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// `x-cohort-key` for a consistent-hash DestinationRule; needs no batcher.
@@ -310,14 +311,29 @@ impl FilterConfig {
         )?;
         range("breaker.cool_down_s", b.cool_down_s, 1, 86_400)?;
         range_f("breaker.probe_share", b.probe_share, 0.0001, 1.0)?;
-        range("breaker.probe_s", b.probe_s, 1, 3600)
+        range("breaker.probe_s", b.probe_s, 1, 3600)?;
+        range_f(
+            "breaker.absolute_max_error_rate",
+            b.absolute_max_error_rate,
+            0.0,
+            1.0,
+        )?;
+        range(
+            "breaker.absolute_min_requests",
+            b.absolute_min_requests,
+            1,
+            1_000_000,
+        )?;
+        range_f("breaker.evidence_z", b.evidence_z, 0.0, 10.0)
     }
 
-    /// Whether the breaker judges: it is enabled and there is a hold-out to compare with
-    /// (share below 1). Only then are outcomes recorded and folded; without a hold-out it
-    /// could never trip, so the filter spends nothing on it.
+    /// Whether the breaker judges: it is enabled, and it has a rule that can trip: the
+    /// absolute rule, or the relative one with a hold-out to compare with (share below
+    /// 1). Only then are outcomes recorded and folded; with neither, the filter spends
+    /// nothing on it.
     pub fn breaker_judges(&self) -> bool {
-        self.breaker.enabled && self.rollout.treated_buckets() < crate::rollout::BUCKETS
+        let holdout = self.rollout.treated_buckets() < crate::rollout::BUCKETS;
+        self.breaker.enabled && (holdout || self.breaker.absolute_enabled)
     }
 
     /// The header a request's rollout bucket is taken from.
@@ -416,6 +432,11 @@ mod tests {
         assert!(err(r#"{"breaker":{"window_s":0}}"#).contains("breaker.window_s"));
         assert!(err(r#"{"breaker":{"probe_share":0}}"#).contains("breaker.probe_share"));
         assert!(err(r#"{"breaker":{"max_error_rate":2}}"#).contains("max_error_rate"));
+        assert!(err(r#"{"breaker":{"absolute_max_error_rate":-1}}"#)
+            .contains("breaker.absolute_max_error_rate"));
+        assert!(err(r#"{"breaker":{"absolute_min_requests":0}}"#)
+            .contains("breaker.absolute_min_requests"));
+        assert!(err(r#"{"breaker":{"evidence_z":11}}"#).contains("breaker.evidence_z"));
         assert!(err(r#"{"learned_cohorts":{"capacity":0}}"#).contains("learned_cohorts.capacity"));
         assert!(err(r#"{"learned_cohorts":{"size":8}}"#).contains("unknown field"));
         assert!(
@@ -443,8 +464,13 @@ mod tests {
         assert_eq!(config.rollout_key_header(), "x-user-id");
         assert_eq!(config.rollout.treated_buckets(), 500);
         assert!(config.breaker_judges());
-        // No hold-out, or the breaker off: nothing to judge.
-        assert!(!FilterConfig::default().breaker_judges());
+        // Without a hold-out the absolute rule still judges; with neither rule, or the
+        // breaker off, nothing is judged.
+        assert!(FilterConfig::default().breaker_judges());
+        let neither = FilterConfig::parse(br#"{"breaker":{"absolute_enabled":false}}"#);
+        assert!(!neither.unwrap().breaker_judges());
+        let relative = br#"{"rollout":{"share":0.95},"breaker":{"absolute_enabled":false}}"#;
+        assert!(FilterConfig::parse(relative).unwrap().breaker_judges());
         let off = FilterConfig::parse(br#"{"rollout":{"share":0.5},"breaker":{"enabled":false}}"#);
         assert!(!off.unwrap().breaker_judges());
     }

@@ -5,7 +5,9 @@
 //! `x-cohort-*` headers, clear the route cache so Envoy routes on them, continue. Any
 //! failure (guards, parse errors, a body over the limit) is a bypass: the request goes on
 //! unchanged except for `x-cohort-bypass: <reason>`, and the reason is counted. Response:
-//! `x-cohort: <version>; mode=…; cluster=…; sketch=v2; codebook=v1` (or `bypass=…`).
+//! `x-cohort: <version>; mode=…; cluster=…; sketch=v2; codebook=v1` (or `bypass=…`), and
+//! for a routed request that set knobs with no effect in its mode, `x-cohort-ignored`
+//! ([`crate::knob_effect`]).
 //!
 //! Assign mode: after the headers are written (so the request is already routable by key),
 //! the request waits for a unary `Assign` call to its batcher shard, at most the configured
@@ -17,6 +19,7 @@ use crate::batcher::{self, AssignCounter, AssignFallback, AssignOutcome};
 use crate::breaker::{self, Group};
 use crate::config::{FilterConfig, Mode};
 use crate::decision::{self, reason, Admission, HeadersVerdict, RequestPlan, Routing};
+use crate::knob_effect::{self, Knob};
 use crate::learned_table::SharedTable;
 use crate::shared::{unix_ms, Shared};
 use cohort_fingerprint::{IntentSketch, CODEBOOK_VERSION, SKETCH_VERSION};
@@ -53,6 +56,8 @@ enum State {
         cluster: String,
         shard: Option<String>,
         fallback: Option<AssignFallback>,
+        /// Knobs the batcher that assigned it cannot act on.
+        inert: Vec<Knob>,
     },
     /// Passed through untouched for this reason.
     Bypassed(&'static str),
@@ -77,6 +82,8 @@ pub struct CohortHttp {
     progress: Option<Progress>,
     /// When the request headers came, for the breaker's outcome (only while it is on).
     started: Option<SystemTime>,
+    /// The knob headers the request set (LLM API requests only).
+    knobs_sent: Vec<Knob>,
 }
 
 impl CohortHttp {
@@ -87,6 +94,7 @@ impl CohortHttp {
             buffered: 0,
             progress: None,
             started: None,
+            knobs_sent: Vec::new(),
         }
     }
 
@@ -334,6 +342,7 @@ impl CohortHttp {
                         cluster: routing.cluster,
                         shard: None,
                         fallback: Some(AssignFallback::Error),
+                        inert: Vec::new(),
                     };
                     return Action::Continue;
                 }
@@ -344,6 +353,7 @@ impl CohortHttp {
             cluster: routing.cluster,
             shard: None,
             fallback: None,
+            inert: Vec::new(),
         };
         Action::Continue
     }
@@ -482,6 +492,7 @@ impl Context for CohortHttp {
             cluster: outcome.cluster,
             shard: outcome.shard,
             fallback: outcome.fallback,
+            inert: outcome.inert_knobs,
         };
         let _ = hostcalls::resume_http_request();
     }
@@ -521,6 +532,7 @@ impl HttpContext for CohortHttp {
                 Action::Continue
             }
             HeadersVerdict::Buffer(plan) => {
+                self.knobs_sent = knob_effect::sent(&config.headers, &headers);
                 let route = if config.rollout.filters_routes() {
                     self.route_name()
                 } else {
@@ -620,6 +632,22 @@ impl HttpContext for CohortHttp {
         let value = format!("{}; {detail}", env!("CARGO_PKG_VERSION"));
         let name = config.headers.response.clone();
         self.add_http_response_header(&name, &value);
+        // The mode the request was routed in, as `x-cohort` says: assigned, or by key.
+        if let State::Routed { shard, inert, .. } = &self.state {
+            let mode = if shard.is_some() {
+                config.mode
+            } else {
+                Mode::Affinity
+            };
+            let ignored = knob_effect::ignored(mode, &self.knobs_sent, inert);
+            if !ignored.is_empty() {
+                let name = config.headers.ignored.clone();
+                self.add_http_response_header(&name, &knob_effect::header_value(&ignored));
+                if let Some(stats) = &self.shared.stats {
+                    stats.count_ignored_knobs(mode, &ignored);
+                }
+            }
+        }
         Action::Continue
     }
 

@@ -8,6 +8,8 @@
 //! - [`decision`]: what to do with a request, as pure functions (tested natively);
 //! - [`batcher`]: the `cohort.v1` messages, shard choice, what an `Assign` answer becomes
 //!   (headers, fallback, counter) and the observation outbox (pure);
+//! - [`knob_effect`]: which client knob acts in which mode, and which a request set for
+//!   nothing (`x-cohort-ignored`);
 //! - [`rollout`]: the sampled share of users Cohort acts on, and the hold-out (pure);
 //! - [`breaker`]: the automatic breaker that compares the two and switches Cohort off (pure);
 //! - `stats`: the Envoy counters and histograms (`cohort_*`);
@@ -25,6 +27,7 @@ pub mod batcher;
 pub mod breaker;
 pub mod config;
 pub mod decision;
+pub mod knob_effect;
 pub mod rollout;
 
 #[cfg(target_arch = "wasm32")]

@@ -148,14 +148,21 @@ impl CohortRoot {
                     self.shared.breaker.borrow_mut().state = shared.state;
                     let stats = self.shared.stats.as_ref();
                     if let Some(t) = transition {
-                        warn!(
-                            "cohort: breaker {} -> {} ({:?})",
-                            t.from.as_str(),
-                            t.to.as_str(),
-                            t.trip
-                        );
+                        match &t.trip {
+                            Some(why) => warn!(
+                                "cohort: breaker {} -> {} ({why})",
+                                t.from.as_str(),
+                                t.to.as_str()
+                            ),
+                            None => {
+                                warn!("cohort: breaker {} -> {}", t.from.as_str(), t.to.as_str())
+                            }
+                        }
                         if let (breaker::State::Open, Some(stats)) = (t.to, stats) {
                             stats.inc(stats.breaker_trips);
+                            if let Some(why) = &t.trip {
+                                stats.inc(stats.breaker_trips_by(why.rule()));
+                            }
                         }
                     }
                     if let Some(stats) = stats {

@@ -30,7 +30,12 @@
 //! | `cohort_responses_holdout_5xx_total` | counter | of which 5xx |
 //! | `cohort_breaker_state` | gauge | 0 closed, 1 open, 2 half-open |
 //! | `cohort_breaker_trips_total` | counter | times the breaker opened |
+//! | `cohort_breaker_trips_<rule>_total` | counter | of which by the `relative` rule (against the hold-out) or the `absolute` one |
+//! | `cohort_knob_ignored_<knob>_<mode>_total` | counter | requests that set a knob header with no effect in the mode they were routed in, or that their batcher cannot act on (named in `x-cohort-ignored`; `crate::knob_effect`) |
 
+use crate::breaker::Rule;
+use crate::config::Mode;
+use crate::knob_effect::{self, Knob};
 use cohort_fingerprint::knobs::{InvalidKnob, KnobName};
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
 use proxy_wasm::types::{MetricType, Status};
@@ -91,6 +96,9 @@ pub struct Stats {
     pub responses_holdout_5xx: u32,
     pub breaker_state: u32,
     pub breaker_trips: u32,
+    /// Indexed by [`Rule`] (its order in [`Rule::ALL`]).
+    breaker_trips_by_rule: [u32; 2],
+    knob_ignored: BTreeMap<(Knob, Mode), u32>,
 }
 
 const KNOBS: [KnobName; 4] = [
@@ -116,6 +124,16 @@ impl Stats {
             invalid_knob_by_name
                 .insert(name, counter(&format!("cohort_invalid_knob_{name}_total"))?);
         }
+        let mut knob_ignored = BTreeMap::new();
+        for (knob, mode) in knob_effect::ignorable() {
+            let name = format!(
+                "cohort_knob_ignored_{}_{}_total",
+                knob.stat_name(),
+                mode.as_str()
+            );
+            knob_ignored.insert((knob, mode), counter(&name)?);
+        }
+        let trips = |rule: Rule| counter(&format!("cohort_breaker_trips_{}_total", rule.as_str()));
         Ok(Stats {
             requests: counter("cohort_requests_total")?,
             fingerprinted: counter("cohort_fingerprinted_total")?,
@@ -142,6 +160,8 @@ impl Stats {
             responses_holdout_5xx: counter("cohort_responses_holdout_5xx_total")?,
             breaker_state: gauge("cohort_breaker_state")?,
             breaker_trips: counter("cohort_breaker_trips_total")?,
+            breaker_trips_by_rule: [trips(Rule::ALL[0])?, trips(Rule::ALL[1])?],
+            knob_ignored,
         })
     }
 
@@ -165,6 +185,20 @@ impl Stats {
         self.inc(self.bypass);
         if let Some(id) = self.bypass_by_reason.get(reason) {
             self.inc(*id);
+        }
+    }
+
+    /// The counter of trips by `rule`.
+    pub fn breaker_trips_by(&self, rule: Rule) -> u32 {
+        self.breaker_trips_by_rule[Rule::ALL.iter().position(|r| *r == rule).unwrap_or(0)]
+    }
+
+    /// Counts each knob a request set to no effect in `mode`.
+    pub fn count_ignored_knobs(&self, mode: Mode, knobs: &[Knob]) {
+        for knob in knobs {
+            if let Some(id) = self.knob_ignored.get(&(*knob, mode)) {
+                self.inc(*id);
+            }
         }
     }
 

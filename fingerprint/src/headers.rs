@@ -30,6 +30,9 @@ pub struct HeaderNames {
     pub batch: String,
     pub bypass: String,
     pub response: String,
+    /// On a response: the knob headers the request set that had no effect in the mode it
+    /// was routed in (`prefetch,cache-ttl`).
+    pub ignored: String,
     pub prefetch: String,
     pub batch_threshold: String,
     pub cache_ttl: String,
@@ -51,6 +54,7 @@ impl Default for HeaderNames {
             batch: "x-cohort-batch".into(),
             bypass: "x-cohort-bypass".into(),
             response: "x-cohort".into(),
+            ignored: "x-cohort-ignored".into(),
             prefetch: knob::PREFETCH.into(),
             batch_threshold: knob::BATCH_THRESHOLD.into(),
             cache_ttl: knob::CACHE_TTL.into(),
@@ -91,7 +95,7 @@ impl HeaderNames {
     }
 
     /// Every name with its configuration key.
-    pub fn all(&self) -> [(&'static str, &str); 16] {
+    pub fn all(&self) -> [(&'static str, &str); 17] {
         [
             ("key", &self.key),
             ("prefix", &self.prefix),
@@ -102,6 +106,7 @@ impl HeaderNames {
             ("batch", &self.batch),
             ("bypass", &self.bypass),
             ("response", &self.response),
+            ("ignored", &self.ignored),
             ("prefetch", &self.prefetch),
             ("batch_threshold", &self.batch_threshold),
             ("cache_ttl", &self.cache_ttl),

@@ -12,6 +12,11 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
+/// The knobs nothing acts on without the front (replicas known by name only): it is the
+/// front that warms predicted cohorts and learns the sessions' sequences. Named in
+/// `AssignReply.inert_knobs`, so the filter tells the caller (`x-cohort-ignored`).
+pub const INERT_WITHOUT_FRONT: [&str; 2] = ["prefetch", "session"];
+
 pub struct BatcherService {
     pub brain: Arc<Brain>,
     /// Batch mode's front, when the replicas have URLs: it also learns and warms cohorts
@@ -41,6 +46,9 @@ impl Batcher for BatcherService {
             let live: Arc<dyn LiveFleet> = self.brain.clone();
             reply.exemplar_wanted =
                 front.assigned(info, &reply, knobs.prefetch, knobs.cache_ttl_s, &live);
+        }
+        if self.front.is_none() {
+            reply.inert_knobs = INERT_WITHOUT_FRONT.map(String::from).to_vec();
         }
         Ok(Response::new(reply))
     }

@@ -39,6 +39,11 @@ pub fn assign_reply(data: &[u8]) {
         reason: assignment.reason.clone(),
         ticket: assignment.ticket,
         exemplar_wanted: assignment.exemplar_wanted,
+        inert_knobs: assignment
+            .inert_knobs
+            .iter()
+            .map(|knob| knob.name().to_owned())
+            .collect(),
     }
     .encode_to_vec();
     assert_eq!(read_assign_reply(&encoded), Ok(assignment));

@@ -696,6 +696,9 @@ fn expected_counters(
         Outcome::Fingerprinted => {
             add("cohort_requests_total".into(), 1);
             add("cohort_fingerprinted_total".into(), 1);
+            // Its response is an outcome of the breaker's cohort group (the absolute rule
+            // judges without a hold-out).
+            add("cohort_responses_routed_total".into(), 1);
         }
         Outcome::Bypass(reason) => {
             add("cohort_requests_total".into(), 1);
@@ -805,8 +808,11 @@ fn check(
         .filter(|(_, delta)| *delta != 0)
         .collect();
     // Observations and progress reports are sent on a timer: not this request's to count.
+    // Knobs a mode does not act on are named and counted per mode: knob_table's subject.
     moved.retain(|name, _| {
-        !name.starts_with("cohort_observe_") && !name.starts_with("cohort_progress_")
+        !name.starts_with("cohort_observe_")
+            && !name.starts_with("cohort_progress_")
+            && !name.starts_with("cohort_knob_ignored_")
     });
     // Assign mode: one Assign outcome (answered, timed out or failed) per fingerprinted request.
     let assigned: i64 = ["ok", "timeout", "error"]

@@ -1459,7 +1459,8 @@ fn documented_batcher_metrics_are_the_ones_the_batcher_writes() {
 
 #[test]
 fn every_filter_stat_name_is_documented() {
-    // The per-reason and per-knob counters are named at run time (filter/src/stats.rs).
+    // The per-reason, per-knob, per-rule and per-cell counters are named at run time
+    // (filter/src/stats.rs).
     let documented = documented_metrics();
     let reasons = cohort_filter::decision::all_bypass_reasons();
     let knobs = ["prefetch", "batch_threshold", "cache_ttl", "semantic_mode"];
@@ -1470,6 +1471,22 @@ fn every_filter_stat_name_is_documented() {
             knobs
                 .iter()
                 .map(|knob| format!("cohort_invalid_knob_{knob}_total")),
+        )
+        .chain(
+            cohort_filter::knob_effect::ignorable()
+                .into_iter()
+                .map(|(knob, mode)| {
+                    format!(
+                        "cohort_knob_ignored_{}_{}_total",
+                        knob.stat_name(),
+                        mode.as_str()
+                    )
+                }),
+        )
+        .chain(
+            cohort_filter::breaker::Rule::ALL
+                .iter()
+                .map(|rule| format!("cohort_breaker_trips_{}_total", rule.as_str())),
         );
     // The fixed names: every `counter("cohort_…")` / `histogram("cohort_…")` in stats.rs.
     let source = std::fs::read_to_string(workspace().join("filter/src/stats.rs")).unwrap();
@@ -1545,10 +1562,24 @@ fn the_envoy_filters_wasm_config_routes_requests_in_envoy() {
     let config = envoy_with(serde_yaml::to_value(&resource).unwrap(), &upstream);
     let envoy = Envoy::start(&config);
 
+    // A session of the shipped rollout's treated share (the other 5% is the hold-out,
+    // forwarded untouched).
+    let shipped = FilterConfig::parse(
+        resource["typed_config"]["value"]["config"]["configuration"]["value"]
+            .as_str()
+            .unwrap()
+            .as_bytes(),
+    )
+    .unwrap();
+    let salt = cohort_fingerprint::TenantSalt::new(shipped.salt_secret.as_bytes(), None);
+    let session = (0..)
+        .map(|i| format!("session-{i}"))
+        .find(|s| cohort_filter::rollout::bucket(salt, s) < shipped.rollout.treated_buckets())
+        .unwrap();
     let response = post_json(
         envoy.listen_port,
         "/v1/chat/completions",
-        &[],
+        &[(shipped.rollout_key_header(), &session)],
         &chat_request(),
     );
     assert_eq!(response.status, 200, "{}", envoy.log());

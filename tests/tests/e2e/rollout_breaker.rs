@@ -366,6 +366,8 @@ fn the_breaker_opens_on_cohort_errors_and_closes_after_recovery() {
     assert!(after.iter().any(|s| s.verdict == "routed"));
     assert!(after.iter().all(|s| s.status == 200));
     assert!(envoy.stat("wasmcustom.cohort_breaker_trips_total") >= 1);
+    // Every Cohort request failing against a clean hold-out: the relative rule.
+    assert!(envoy.stat("wasmcustom.cohort_breaker_trips_relative_total") >= 1);
     assert!(envoy.stat("wasmcustom.cohort_responses_routed_5xx_total") > 0);
     assert_eq!(
         envoy.stat("wasmcustom.cohort_responses_holdout_5xx_total"),
@@ -446,19 +448,24 @@ fn routes_cohort_is_not_enabled_for_are_left_alone() {
             envoy.stat("wasmcustom.cohort_bypass_route_disabled_total"),
             u64::from(expected == "route_disabled")
         );
-        assert_eq!(envoy.stat("wasmcustom.cohort_responses_routed_total"), 0);
+        // With the breaker on (and its absolute rule), the routed request is an outcome.
+        assert_eq!(
+            envoy.stat("wasmcustom.cohort_responses_routed_total"),
+            u64::from(expected == "routed")
+        );
     }
 }
 
 #[test]
-fn without_a_hold_out_the_breaker_records_nothing_and_stays_closed() {
-    // Share 1 (the default): every request is Cohort's, there is no control group, so
-    // even a failing upstream does not open the breaker, and no outcome is recorded.
+fn without_a_hold_out_only_the_absolute_rule_judges() {
+    // Share 1 (the default): every request is Cohort's and there is no control group.
+    // With the absolute rule off there is nothing to judge by: even a failing upstream does
+    // not open the breaker, and no outcome is recorded.
     let (routed, direct) = (Upstream::start("routed"), Upstream::start("direct"));
     let envoy = split_stack(
         &routed,
         &direct,
-        r#"{"breaker":{"window_s":1,"min_requests":5}}"#,
+        r#"{"breaker":{"window_s":1,"min_requests":5,"absolute_enabled":false}}"#,
     );
     routed.set_status(503);
     let mut connection = Connection::new(envoy.listen_port);
@@ -469,8 +476,7 @@ fn without_a_hold_out_the_breaker_records_nothing_and_stays_closed() {
         assert_eq!(verdict(r.header("x-cohort")), "routed");
     }
     // Deliberate window: past the breaker's 1 s window, then nothing may have opened it
-    // (with a hold-out the same faults open it:
-    // `the_breaker_opens_on_cohort_errors_and_closes_after_recovery`).
+    // (the same faults open it with the absolute rule on, below).
     std::thread::sleep(Duration::from_millis(1200));
     let r = connection
         .post_json(CHAT, &[], &chat("where is my refund"))
@@ -478,4 +484,31 @@ fn without_a_hold_out_the_breaker_records_nothing_and_stays_closed() {
     assert_eq!(verdict(r.header("x-cohort")), "routed", "still closed");
     assert_eq!(envoy.stat("wasmcustom.cohort_responses_routed_total"), 0);
     assert_eq!(envoy.stat("wasmcustom.cohort_breaker_trips_total"), 0);
+    drop(envoy);
+
+    // The absolute rule (on by default) needs no hold-out: the same fault opens it.
+    let envoy = split_stack(
+        &routed,
+        &direct,
+        r#"{"breaker":{"window_s":2,"absolute_min_requests":50}}"#,
+    );
+    let mut connection = Connection::new(envoy.listen_port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut opened = false;
+    while !opened && Instant::now() < deadline {
+        let r = connection
+            .post_json(CHAT, &[], &chat("where is my refund"))
+            .unwrap();
+        opened = verdict(r.header("x-cohort")) == "breaker_open";
+    }
+    assert!(opened, "the absolute rule never opened the breaker");
+    assert_eq!(
+        envoy.stat("wasmcustom.cohort_breaker_trips_absolute_total"),
+        1
+    );
+    assert_eq!(
+        envoy.stat("wasmcustom.cohort_breaker_trips_relative_total"),
+        0
+    );
+    assert!(envoy.stat("wasmcustom.cohort_responses_routed_5xx_total") >= 50);
 }

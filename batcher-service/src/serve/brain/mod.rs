@@ -394,6 +394,8 @@ impl Brain {
             ticket: choice.ticket,
             // The front's to set (assign-mode prefetch, serve/grpc.rs).
             exemplar_wanted: false,
+            // Set where the service knows whether it has a front (serve/grpc.rs).
+            inert_knobs: Vec::new(),
         };
         let record = audit_record(request, fp, &reply, rate);
         let band = length_band(record.prompt_tokens_est);
