@@ -21,6 +21,10 @@ pub fn kubectl() -> PathBuf {
 /// checked by the tests.
 pub const OVERLAYS: [&str; 5] = ["base", "batcher", "assign", "batch", "gpu"];
 
+/// The overlays that each ship a filter configuration of their own, one per mode (`gpu`
+/// ships `assign`'s: it changes only the batcher).
+pub const MODE_OVERLAYS: [&str; 3] = ["base", "assign", "batch"];
+
 /// The objects `kubectl kustomize istio/<overlay>` renders, as JSON values, in its order.
 pub fn render(overlay: &str) -> Vec<Value> {
     let dir = crate::workspace().join("istio").join(overlay);

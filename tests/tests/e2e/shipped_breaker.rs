@@ -29,6 +29,10 @@
 //! And in a run of its own per overlay, **Cohort's requests turn 4× slower** than the
 //! hold-out's: the relative rule opens the breaker.
 //!
+//! The overlays run side by side, each on its own stack (600 requests/s in all): the
+//! breaker's windows and cool-down are the shipped ones, so one overlay's run takes about a
+//! minute, and three in turn would take three.
+//!
 //! Load: 2,000 session ids (`x-cohort-session`, the shipped rollout key) from 64 clients,
 //! each sending one request every 320 ms: 200 requests/s offered, so the 5% hold-out gets
 //! some 100 requests in the 10 s window (`min_requests` is 20).
@@ -242,7 +246,6 @@ fn summary(sent: &[&Sent]) -> String {
 }
 
 fn the_shipped_breaker_trips_and_recovers(overlay: &str) {
-    let _serial = cohort_tests::one_at_a_time();
     let (stack, config) = stack(overlay);
     let breaker = &config["breaker"];
     let window = Duration::from_secs(breaker["window_s"].as_u64().unwrap());
@@ -380,7 +383,6 @@ fn the_shipped_breaker_trips_and_recovers(overlay: &str) {
 /// Cohort's requests turn 4× slower than the hold-out's (a delay of 600 ms on 200 ms
 /// answers): the relative rule, the one that compares with the hold-out, opens the breaker.
 fn the_shipped_relative_rule_opens_on_cohort_latency(overlay: &str) {
-    let _serial = cohort_tests::one_at_a_time();
     let (stack, config) = stack(overlay);
     let window = Duration::from_secs(config["breaker"]["window_s"].as_u64().unwrap());
     let mut marks = std::collections::BTreeMap::new();
@@ -415,32 +417,28 @@ fn the_shipped_relative_rule_opens_on_cohort_latency(overlay: &str) {
     assert_eq!(stat(&stack, "breaker_trips_absolute_total"), 0, "{overlay}");
 }
 
-#[test]
-fn base_overlay_latency() {
-    the_shipped_relative_rule_opens_on_cohort_latency("base");
+/// Runs `scenario` on every overlay at once, each on its own stack (200 requests/s each):
+/// the three runs take the time of one, and a panic names its overlay.
+fn on_every_overlay(scenario: fn(&str)) {
+    let _serial = cohort_tests::one_at_a_time();
+    std::thread::scope(|scope| {
+        for overlay in manifests::MODE_OVERLAYS {
+            scope.spawn(move || scenario(overlay));
+        }
+    });
 }
 
 #[test]
-fn assign_overlay_latency() {
-    the_shipped_relative_rule_opens_on_cohort_latency("assign");
+fn the_relative_rule_opens_on_cohort_latency_in_every_overlay() {
+    on_every_overlay(the_shipped_relative_rule_opens_on_cohort_latency);
 }
 
 #[test]
-fn batch_overlay_latency() {
-    the_shipped_relative_rule_opens_on_cohort_latency("batch");
-}
-
-#[test]
-fn base_overlay() {
-    the_shipped_breaker_trips_and_recovers("base");
-}
-
-#[test]
-fn assign_overlay() {
-    the_shipped_breaker_trips_and_recovers("assign");
-}
-
-#[test]
-fn batch_overlay() {
-    the_shipped_breaker_trips_and_recovers("batch");
+fn the_breaker_trips_by_each_rule_and_recovers_in_every_overlay() {
+    assert_eq!(
+        manifests::filter_config(&manifests::render("gpu")),
+        manifests::filter_config(&manifests::render("assign")),
+        "the gpu overlay ships the assign overlay's filter configuration"
+    );
+    on_every_overlay(the_shipped_breaker_trips_and_recovers);
 }
