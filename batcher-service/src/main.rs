@@ -13,6 +13,7 @@ mod audit;
 mod clock;
 mod commands;
 mod config;
+mod discovery;
 mod fleet;
 mod front;
 mod metrics;
