@@ -17,6 +17,7 @@ mod batch_front;
 mod batch_knobs;
 mod batch_llama;
 mod batcher_assign;
+mod engine_discovery;
 mod engine_faults;
 mod engines_llama;
 mod envoy_filter;
