@@ -665,7 +665,12 @@ mod tests {
         assert_eq!(ok.reason, "prefix");
         assert_eq!(ok.endpoint, "10.0.0.7:8000");
         assert!(ok.exemplar_wanted);
-        for endpoint in ["10.0.0.7", "pod-0:8000", "10.0.0.7:8000\r\nx-evil: 1", "[::1]:99999"] {
+        for endpoint in [
+            "10.0.0.7",
+            "pod-0:8000",
+            "10.0.0.7:8000\r\nx-evil: 1",
+            "[::1]:99999",
+        ] {
             let bad = pb::AssignReply {
                 shard: "r1".into(),
                 endpoint: endpoint.into(),
@@ -799,9 +804,8 @@ mod tests {
             header(&o, "x-gateway-destination-endpoint"),
             Some("10.1.2.3:8000")
         );
-        let renamed = parsed(
-            r#"{"mode":"assign","batcher_clusters":["b0"],"headers":{"endpoint":"x-pod"}}"#,
-        );
+        let renamed =
+            parsed(r#"{"mode":"assign","batcher_clusters":["b0"],"headers":{"endpoint":"x-pod"}}"#);
         let o = outcome(&renamed, answered(&with_endpoint));
         assert_eq!(header(&o, "x-pod"), Some("10.1.2.3:8000"));
         // No endpoint in the reply (an older batcher): no header, the shard still routes.

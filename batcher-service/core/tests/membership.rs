@@ -40,7 +40,10 @@ fn a_joined_replica_is_chosen_only_after_its_first_probe() {
     let used: Vec<usize> = (100..200)
         .map(|t| p.choose(&req(&[t * 7919], t)).replica)
         .collect();
-    assert!(used.contains(&slot), "the probed replica takes cold prompts");
+    assert!(
+        used.contains(&slot),
+        "the probed replica takes cold prompts"
+    );
 }
 
 #[test]
@@ -85,7 +88,10 @@ fn replicas_that_stay_keep_their_prefixes_and_a_vacant_slot_is_reused() {
     p.leave(gone);
     let kept = if gone == ra { None } else { Some(ra) };
     if let Some(kept) = kept {
-        assert!(p.holds(kept, &a, 30), "a replica that stays keeps its prefix");
+        assert!(
+            p.holds(kept, &a, 30),
+            "a replica that stays keeps its prefix"
+        );
         assert_eq!(p.choose(&req(&a, 31)).replica, kept);
     }
     let slot = p.join();

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 /// Flags (and their environment variables) that override the file.
-#[derive(Debug, Default, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "COHORT_CONFIG")]

@@ -85,8 +85,8 @@ mod validate;
 
 pub use args::ServeArgs;
 pub use sections::{
-    BatchSection, DiscoverySection, LoraSection, NeighbourSearch, PolicySection, PrefetchSection, Replica,
-    StoreSection,
+    BatchSection, DiscoverySection, LoraSection, NeighbourSearch, PolicySection, PrefetchSection,
+    Replica, StoreSection,
 };
 pub use validate::ConfigError;
 
@@ -296,6 +296,43 @@ mod tests {
             replicas: replicas.iter().map(|r| r.to_string()).collect(),
             ..ServeArgs::default()
         }
+    }
+
+    #[test]
+    fn discovery_replaces_the_static_list_and_is_checked() {
+        let mut a = args(&[]);
+        a.discovery_dns = Some("llm-engine-headless.llm.svc.cluster.local".into());
+        a.discovery_resolver = Some("10.96.0.10:53".parse().unwrap());
+        a.discovery_interval_s = Some(2);
+        a.discovery_engine = Some(EngineKind::Vllm);
+        let config = ServeConfig::load(&a, None).unwrap();
+        assert!(config.replicas.is_empty());
+        assert!(!config.front_enabled(), "the front needs the static list");
+        let d = &config.discovery;
+        assert_eq!(d.port_name, "http");
+        assert_eq!(
+            (d.interval_s, d.port, d.engine),
+            (2, 8000, EngineKind::Vllm)
+        );
+        assert_eq!(d.resolver, Some("10.96.0.10:53".parse().unwrap()));
+        assert_eq!(ServeConfig::default().discovery.interval_s, 5);
+
+        let refused = |change: &dyn Fn(&mut ServeArgs)| {
+            let mut b = a.clone();
+            change(&mut b);
+            ServeConfig::load(&b, None).unwrap_err().to_string()
+        };
+        assert!(refused(&|b| b.replicas = vec!["r0".into()]).contains("not both"));
+        assert!(refused(&|b| b.discovery_interval_s = Some(0)).contains("interval_s"));
+        assert!(refused(&|b| b.discovery_dns = Some("bad name..x".into())).contains("DNS name"));
+        assert!(refused(&|b| b.discovery_port_name = Some("HTTP".into())).contains("port_name"));
+        assert!(refused(&|b| {
+            b.discovery_port_name = Some(String::new());
+            b.discovery_port = Some(0);
+        })
+        .contains("port"));
+        // An empty name turns discovery off: then a replica list is needed.
+        assert!(refused(&|b| b.discovery_dns = Some(String::new())).contains("no engine replicas"));
     }
 
     #[test]

@@ -167,16 +167,19 @@ impl ServeConfig {
         let d = &self.discovery;
         let name_ok = !dns.is_empty()
             && dns.len() <= 253
-            && dns
-                .trim_end_matches('.')
-                .split('.')
-                .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+            && dns.trim_end_matches('.').split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            });
         if !name_ok {
-            return Err(ConfigError::Discovery(format!("dns {dns:?} is not a DNS name")));
+            return Err(ConfigError::Discovery(format!(
+                "dns {dns:?} is not a DNS name"
+            )));
         }
         let port_name_ok = d.port_name.len() <= 15
-            && d
-                .port_name
+            && d.port_name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
         if !port_name_ok {
@@ -186,7 +189,9 @@ impl ServeConfig {
             )));
         }
         if d.port_name.is_empty() && d.port == 0 {
-            return Err(ConfigError::Discovery("port must be set when port_name is empty".into()));
+            return Err(ConfigError::Discovery(
+                "port must be set when port_name is empty".into(),
+            ));
         }
         if !(1..=3600).contains(&d.interval_s) {
             return Err(ConfigError::Discovery(format!(

@@ -10,7 +10,7 @@
 //! Pure, and defensive: records of other types, targets that are not plain names,
 //! duplicate names and anything past [`MAX_REPLICAS`] are skipped, never trusted.
 
-use crate::serve::brain::Member;
+use super::Member;
 use hickory_proto::op::Message;
 use hickory_proto::rr::{Name, RData};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -48,7 +48,9 @@ pub fn addresses_of(reply: &Message, name: &Name) -> Vec<Ipv4Addr> {
         .answers
         .iter()
         .chain(&reply.additionals)
-        .filter(|record| record.name.eq_case(name) || record.name.to_lowercase() == name.to_lowercase())
+        .filter(|record| {
+            record.name.eq_case(name) || record.name.to_lowercase() == name.to_lowercase()
+        })
         .filter_map(|record| match &record.data {
             RData::A(a) => Some(a.0),
             _ => None,
@@ -132,7 +134,10 @@ mod tests {
         m.add_answer(srv("LLM-Engine-1.llm-engine.llm.svc.cluster.local.", 8001));
         m.add_answer(srv("ignored.example.", 0));
         m.add_answer(a("x.example.", [1, 2, 3, 4]));
-        m.add_additional(a("llm-engine-0.llm-engine.llm.svc.cluster.local.", [10, 0, 0, 5]));
+        m.add_additional(a(
+            "llm-engine-0.llm-engine.llm.svc.cluster.local.",
+            [10, 0, 0, 5],
+        ));
         let targets = srv_targets(&m);
         assert_eq!(targets.len(), 2);
         let ips = addresses_of(&m, &targets[0].target);
@@ -142,7 +147,9 @@ mod tests {
         assert_eq!(member.name, "llm-engine-0");
         assert_eq!(member.endpoint, "10.0.0.5:8000");
         assert_eq!(
-            srv_member(&targets[1], Ipv4Addr::new(10, 0, 0, 6)).unwrap().name,
+            srv_member(&targets[1], Ipv4Addr::new(10, 0, 0, 6))
+                .unwrap()
+                .name,
             "llm-engine-1"
         );
     }
@@ -194,7 +201,9 @@ mod tests {
             for flip in 0..8 {
                 let mut b = bytes[..cut].to_vec();
                 if !b.is_empty() && flip > 0 {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     let i = (seed >> 33) as usize % b.len();
                     b[i] ^= 1 << (flip - 1);
                 }

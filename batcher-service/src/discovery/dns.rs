@@ -96,7 +96,9 @@ async fn udp(server: SocketAddr, query: &[u8], id: u16) -> Result<Message, DnsEr
         IpAddr::V4(_) => ([0, 0, 0, 0], 0).into(),
         IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
     };
-    let socket = tokio::net::UdpSocket::bind(local).await.map_err(io(server))?;
+    let socket = tokio::net::UdpSocket::bind(local)
+        .await
+        .map_err(io(server))?;
     socket.connect(server).await.map_err(io(server))?;
     socket.send(query).await.map_err(io(server))?;
     let mut buf = vec![0u8; usize::from(UDP_PAYLOAD)];
@@ -150,7 +152,10 @@ mod tests {
     #[test]
     fn the_first_nameserver_is_read_from_resolv_conf() {
         let text = "# k8s\nsearch llm.svc.cluster.local\nnameserver bogus\nnameserver 10.96.0.10\nnameserver 1.1.1.1\n";
-        assert_eq!(first_nameserver(text), Some("10.96.0.10:53".parse().unwrap()));
+        assert_eq!(
+            first_nameserver(text),
+            Some("10.96.0.10:53".parse().unwrap())
+        );
         assert_eq!(
             first_nameserver("nameserver fd00::a"),
             Some("[fd00::a]:53".parse().unwrap())
@@ -161,7 +166,12 @@ mod tests {
     #[test]
     fn garbage_bytes_are_an_error_not_a_panic() {
         let server: SocketAddr = "127.0.0.1:53".parse().unwrap();
-        for bytes in [&b""[..], &[0u8; 3], &[0xff; 12], &[0x12, 0x34, 0x81, 0x80, 0, 1, 0, 9, 0, 0, 0, 0, 5]] {
+        for bytes in [
+            &b""[..],
+            &[0u8; 3],
+            &[0xff; 12],
+            &[0x12, 0x34, 0x81, 0x80, 0, 1, 0, 9, 0, 0, 0, 0, 5],
+        ] {
             assert!(decode(server, bytes, 0x1234).is_err(), "{bytes:?}");
         }
     }

@@ -5,7 +5,7 @@
 //! asking more often only reads its cache) one task asks the configured DNS server for the
 //! SRV records `_<port_name>._tcp.<dns>` (or the A records of `<dns>` without a port
 //! name), turns the answer into replicas ([`answer`]: the pod's stable name, its
-//! `ip:port`), and hands the set to the brain ([`Brain::set_replicas`]):
+//! `ip:port`), and hands the set to the brain ([`Replicas::set_replicas`]):
 //!
 //! - a new replica joins held out of decisions; the task probes it at once (the engine
 //!   adapter's health path) and it is used from its first good probe;
@@ -26,7 +26,6 @@ use crate::config::ServeConfig;
 use crate::fleet::upstream::Upstream;
 use crate::fleet::EngineEvents;
 use crate::metrics::{MetricSource, Scrape};
-use crate::serve::brain::{Brain, Member};
 use axum::http::{Method, Uri};
 use cohort_batcher_core::engines::Engine;
 use hickory_proto::rr::RecordType;
@@ -38,6 +37,22 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::watch;
 use tracing::{info, warn};
+
+/// One engine replica as discovery names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The replica's identity and `x-cohort-shard` value.
+    pub name: String,
+    /// `ip:port` Envoy reaches it at; empty when unknown (a static replica).
+    pub endpoint: String,
+}
+
+/// What keeps the replica set discovery finds (the brain), and hears its probes.
+pub trait Replicas: EngineEvents {
+    /// Makes `found` the replica set; returns the set after the change with each
+    /// replica's slot (the index probes report under).
+    fn set_replicas(&self, found: &[Member]) -> Vec<(usize, Member)>;
+}
 
 /// How long one DNS question may take.
 const DNS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -106,7 +121,13 @@ pub async fn resolve(settings: &Settings) -> Result<Vec<Member>, dns::DnsError> 
         let mut ips = answer::addresses_of(&reply, &target.target);
         if ips.is_empty() {
             // The server left the target's address out of the additional section.
-            let a = dns::ask(server, &target.target.to_ascii(), RecordType::A, DNS_TIMEOUT).await?;
+            let a = dns::ask(
+                server,
+                &target.target.to_ascii(),
+                RecordType::A,
+                DNS_TIMEOUT,
+            )
+            .await?;
             ips = answer::addresses(&a);
         }
         if let Some(member) = ips.first().and_then(|ip| answer::srv_member(&target, *ip)) {
@@ -176,7 +197,7 @@ impl MetricSource for Discovery {
 /// Starts the discovery task; it ends when `stop` turns true.
 pub fn spawn(
     discovery: Arc<Discovery>,
-    brain: Arc<Brain>,
+    brain: Arc<dyn Replicas>,
     mut stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -224,7 +245,7 @@ pub fn spawn(
 async fn probe(
     upstream: &Arc<Upstream>,
     engine: &'static dyn Engine,
-    brain: &Arc<Brain>,
+    brain: &Arc<dyn Replicas>,
     members: &[(usize, Member)],
 ) {
     let mut probes = tokio::task::JoinSet::new();
@@ -235,7 +256,13 @@ async fn probe(
         let upstream = Arc::clone(upstream);
         probes.spawn(async move {
             let health = upstream
-                .call(Method::GET, &base, engine.health_path(), None, PROBE_TIMEOUT)
+                .call(
+                    Method::GET,
+                    &base,
+                    engine.health_path(),
+                    None,
+                    PROBE_TIMEOUT,
+                )
                 .await;
             let up = matches!(health, Ok((status, _)) if status < 500);
             let metrics = match engine.metrics_path() {

@@ -84,6 +84,9 @@ mod tests {
         );
         assert_eq!(f.record(&Outcome::Found(3)), None);
         assert!(!f.is_stale());
-        assert!(matches!(f.record(&Outcome::Nothing), Some(Change::Stale { .. })));
+        assert!(matches!(
+            f.record(&Outcome::Nothing),
+            Some(Change::Stale { .. })
+        ));
     }
 }

@@ -95,7 +95,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         metrics.add(Arc::clone(&discovery) as _);
         front_tasks.push(crate::discovery::spawn(
             discovery,
-            Arc::clone(&brain),
+            Arc::clone(&brain) as _,
             stop_rx.clone(),
         ));
     }

@@ -150,7 +150,9 @@ fn asks_a(port: u16) -> bool {
     query.extend_from_slice(&[0, 0, 1, 0, 1]);
     let mut buf = [0u8; 512];
     socket.send_to(&query, ("127.0.0.1", port)).is_ok()
-        && socket.recv(&mut buf).is_ok_and(|n| n >= 12 && buf[..2] == query[..2])
+        && socket
+            .recv(&mut buf)
+            .is_ok_and(|n| n >= 12 && buf[..2] == query[..2])
 }
 
 /// `istio/envoy/assign.yaml` for one batcher, with `all-replicas` following [`SERVICE`]
@@ -196,7 +198,10 @@ load_assignment:
             == Some("envoy.load_balancing_policies.override_host"),
         "assign.yaml's all-replicas routes on the endpoint header"
     );
-    config::set_filter(&mut yaml, r#"{"mode": "assign", "assign_deadline_ms": 25, "batcher_clusters": ["cohort-batcher-0"]}"#);
+    config::set_filter(
+        &mut yaml,
+        r#"{"mode": "assign", "assign_deadline_ms": 25, "batcher_clusters": ["cohort-batcher-0"]}"#,
+    );
     yaml
 }
 
@@ -325,7 +330,10 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
             "the new replica receives requests at its endpoint:\n{}",
             batcher.log()
         );
-        println!("joined: first assigned request after {:?}", joined_at.elapsed());
+        println!(
+            "joined: first assigned request after {:?}",
+            joined_at.elapsed()
+        );
 
         // A replica leaves: first out of DNS, then stopped after the interval and a drain.
         std::thread::sleep(Duration::from_secs(30).saturating_sub(started.elapsed()));
@@ -338,7 +346,10 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
             .into_iter()
             .filter(|(t, _)| *t > left_at + INTERVAL + Duration::from_secs(1))
             .count();
-        assert_eq!(late, 0, "requests reached the removed replica after the interval");
+        assert_eq!(
+            late, 0,
+            "requests reached the removed replica after the interval"
+        );
         let before = load_requests(&removed).len();
         drop(removed);
         println!("left: {before} requests served by the removed replica, none after the interval");
@@ -361,7 +372,11 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
     );
     assert!(elapsed >= Duration::from_secs(59), "{elapsed:?}");
     assert!(rate < 50.0, "{rate}/s");
-    assert!(failed.is_empty(), "failed: {:?}", &failed[..failed.len().min(5)]);
+    assert!(
+        failed.is_empty(),
+        "failed: {:?}",
+        &failed[..failed.len().min(5)]
+    );
     // Envoy follows DNS at its own refresh (1 s), the batcher at its interval: for a moment
     // after each change one knows a replica the other does not (a request the batcher sent
     // to the newcomer, or to the leaver, is then routed by key). Outside those moments,
@@ -375,10 +390,15 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
     assert!(
         wrong.is_empty(),
         "{:?}",
-        wrong.iter().map(|(t, h, e)| (since(t), h, e)).collect::<Vec<_>>()
+        wrong
+            .iter()
+            .map(|(t, h, e)| (since(t), h, e))
+            .collect::<Vec<_>>()
     );
     assert!(
-        load_requests(e2).iter().any(|(t, _)| *t > left_at + INTERVAL),
+        load_requests(e2)
+            .iter()
+            .any(|(t, _)| *t > left_at + INTERVAL),
         "the remaining replicas keep serving"
     );
 
@@ -386,7 +406,8 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
     let log_before = batcher.log().len();
     dns.stop();
     assert!(
-        eventually(INTERVAL * 5, || batcher.metric("cohort_discovery_stale") == 1.0),
+        eventually(INTERVAL * 5, || batcher.metric("cohort_discovery_stale")
+            == 1.0),
         "{}",
         batcher.log()
     );

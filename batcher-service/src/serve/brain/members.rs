@@ -9,15 +9,7 @@
 //! rescheduled under the same stable name) comes back empty, so it leaves and joins
 //! again. Pure: the brain applies the plan to the policy and the table together.
 
-/// One replica of the set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
-    /// The replica's identity and `x-cohort-shard` value.
-    pub name: String,
-    /// `ip:port` Envoy reaches it at; empty when unknown (a static replica without an
-    /// address URL).
-    pub endpoint: String,
-}
+pub use crate::discovery::Member;
 
 /// What changes when a new set is applied.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -125,7 +117,10 @@ mod tests {
         t.place(0, m("c", "10.0.0.3:8000"));
         assert_eq!(t.position("b"), Some(1));
         assert_eq!(t.position("c"), Some(0));
-        assert_eq!(t.plan(&[m("c", "10.0.0.3:8000"), m("b", "10.0.0.2:8000")]), Plan::default());
+        assert_eq!(
+            t.plan(&[m("c", "10.0.0.3:8000"), m("b", "10.0.0.2:8000")]),
+            Plan::default()
+        );
     }
 
     #[test]

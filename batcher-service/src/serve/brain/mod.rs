@@ -21,8 +21,8 @@
 mod live;
 mod lookup;
 mod members;
-pub use members::Member;
 pub(crate) use lookup::space;
+pub use members::Member;
 mod metrics;
 mod report;
 #[cfg(test)]
@@ -156,6 +156,12 @@ pub struct Brain {
     cost_model: cohort_score::cost::CostModel,
     /// The operator's knob defaults and bounds ([`Brain::knobs`]).
     knob_policy: KnobPolicy,
+}
+
+impl crate::discovery::Replicas for Brain {
+    fn set_replicas(&self, found: &[Member]) -> Vec<(usize, Member)> {
+        Brain::set_replicas(self, found)
+    }
 }
 
 /// A configured replica as a member. Static replicas are routed by their name (fixed
