@@ -163,6 +163,120 @@ mod tests {
         assert_eq!(first_nameserver("options ndots:5\n"), None);
     }
 
+    /// A UDP server on loopback that answers each question with `reply(question)`
+    /// (`None`: no answer), and a TCP server on the same port that answers properly.
+    async fn server(reply: fn(&Message) -> Option<Vec<u8>>) -> SocketAddr {
+        // The same port for both: a TCP port first, then UDP on it (another if taken).
+        let (udp, tcp, addr) = loop {
+            let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = tcp.local_addr().unwrap();
+            if let Ok(udp) = tokio::net::UdpSocket::bind(addr).await {
+                break (udp, tcp, addr);
+            }
+        };
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok((n, from)) = udp.recv_from(&mut buf).await {
+                let Ok(question) = Message::from_vec(&buf[..n]) else {
+                    continue;
+                };
+                if let Some(bytes) = reply(&question) {
+                    let _ = udp.send_to(&bytes, from).await;
+                }
+            }
+        });
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = tcp.accept().await {
+                let mut len = [0u8; 2];
+                let _ = stream.read_exact(&mut len).await;
+                let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                let _ = stream.read_exact(&mut buf).await;
+                let question = Message::from_vec(&buf).unwrap();
+                let mut answer = Message::response(question.metadata.id, question.metadata.op_code);
+                answer.add_queries(question.queries.clone());
+                answer.add_answer(hickory_proto::rr::Record::from_rdata(
+                    question.queries[0].name().clone(),
+                    5,
+                    hickory_proto::rr::RData::A(hickory_proto::rr::rdata::A::new(127, 0, 0, 9)),
+                ));
+                let bytes = answer.to_vec().unwrap();
+                let _ = stream.write_all(&(bytes.len() as u16).to_be_bytes()).await;
+                let _ = stream.write_all(&bytes).await;
+            }
+        });
+        addr
+    }
+
+    const WAIT: Duration = Duration::from_millis(300);
+
+    #[tokio::test]
+    async fn malformed_stray_refused_and_truncated_answers() {
+        // Garbage with the question's id: malformed, an error.
+        let garbage = server(|q| {
+            let mut bytes = q.metadata.id.to_be_bytes().to_vec();
+            bytes.extend_from_slice(&[0x81, 0x80, 0, 1, 0, 5, 0, 0, 0, 0, 7, 7, 7]);
+            Some(bytes)
+        })
+        .await;
+        let e = ask(garbage, "svc.test", RecordType::A, WAIT)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, DnsError::Malformed { .. }), "{e}");
+
+        // An answer to another question is ignored: nothing else comes, a timeout.
+        let stray = server(|q| {
+            let answer = Message::response(q.metadata.id.wrapping_add(1), q.metadata.op_code);
+            Some(answer.to_vec().unwrap())
+        })
+        .await;
+        let e = ask(stray, "svc.test", RecordType::A, WAIT)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, DnsError::Timeout(_)), "{e}");
+
+        // REFUSED (dnsmasq's answer for a name it does not know) is an error; NXDOMAIN an
+        // answer with no records.
+        let refused = server(|q| {
+            Some(
+                Message::error_msg(q.metadata.id, q.metadata.op_code, ResponseCode::Refused)
+                    .to_vec()
+                    .unwrap(),
+            )
+        })
+        .await;
+        let e = ask(refused, "svc.test", RecordType::A, WAIT)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, DnsError::Refused { .. }), "{e}");
+        let missing = server(|q| {
+            Some(
+                Message::error_msg(q.metadata.id, q.metadata.op_code, ResponseCode::NXDomain)
+                    .to_vec()
+                    .unwrap(),
+            )
+        })
+        .await;
+        let reply = ask(missing, "svc.test", RecordType::A, WAIT).await.unwrap();
+        assert!(reply.answers.is_empty());
+
+        // Truncated over UDP: asked again over TCP.
+        let truncated = server(|q| {
+            let mut answer = Message::response(q.metadata.id, q.metadata.op_code);
+            answer.metadata.truncation = true;
+            Some(answer.to_vec().unwrap())
+        })
+        .await;
+        let reply = ask(truncated, "svc.test", RecordType::A, WAIT)
+            .await
+            .unwrap();
+        assert_eq!(reply.answers.len(), 1);
+
+        // Nobody there, or not a name: errors.
+        assert!(ask(garbage, "bad..name", RecordType::A, WAIT)
+            .await
+            .is_err());
+    }
+
     #[test]
     fn garbage_bytes_are_an_error_not_a_panic() {
         let server: SocketAddr = "127.0.0.1:53".parse().unwrap();
