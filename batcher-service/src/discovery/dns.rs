@@ -37,6 +37,14 @@ pub enum DnsError {
     },
 }
 
+impl DnsError {
+    /// Whether asking again may help: the server was not reached or did not answer in
+    /// time (a datagram lost, a server restarting), not an answer it gave.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, DnsError::Io { .. } | DnsError::Timeout(_))
+    }
+}
+
 /// Asks `server` for the `kind` records of `name` within `timeout`. A name that does not
 /// exist (NXDOMAIN) is an answer with no records.
 pub async fn ask(

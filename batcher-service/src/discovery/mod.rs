@@ -56,6 +56,9 @@ pub trait Replicas: EngineEvents {
 
 /// How long one DNS question may take.
 const DNS_TIMEOUT: Duration = Duration::from_secs(2);
+/// A question that did not reach the server, or got no answer in time, is asked once more
+/// after this pause (UDP loses datagrams; a server restarts).
+const RETRY_AFTER: Duration = Duration::from_millis(250);
 /// How long one engine probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -107,27 +110,36 @@ impl Settings {
     }
 }
 
+/// [`dns::ask`], once more after [`RETRY_AFTER`] when the first try did not get through.
+async fn ask(
+    server: SocketAddr,
+    name: &str,
+    kind: RecordType,
+) -> Result<hickory_proto::op::Message, dns::DnsError> {
+    match dns::ask(server, name, kind, DNS_TIMEOUT).await {
+        Err(e) if e.is_transient() => {
+            tokio::time::sleep(RETRY_AFTER).await;
+            dns::ask(server, name, kind, DNS_TIMEOUT).await
+        }
+        answered => answered,
+    }
+}
+
 /// The replicas the DNS server names now.
 pub async fn resolve(settings: &Settings) -> Result<Vec<Member>, dns::DnsError> {
     let server = settings.resolver;
     if settings.port_name.is_empty() {
-        let reply = dns::ask(server, &settings.service, RecordType::A, DNS_TIMEOUT).await?;
+        let reply = ask(server, &settings.service, RecordType::A).await?;
         return Ok(answer::a_members(&reply, settings.port));
     }
     let question = format!("_{}._tcp.{}", settings.port_name, settings.service);
-    let reply = dns::ask(server, &question, RecordType::SRV, DNS_TIMEOUT).await?;
+    let reply = ask(server, &question, RecordType::SRV).await?;
     let mut members = Vec::new();
     for target in answer::srv_targets(&reply) {
         let mut ips = answer::addresses_of(&reply, &target.target);
         if ips.is_empty() {
             // The server left the target's address out of the additional section.
-            let a = dns::ask(
-                server,
-                &target.target.to_ascii(),
-                RecordType::A,
-                DNS_TIMEOUT,
-            )
-            .await?;
+            let a = ask(server, &target.target.to_ascii(), RecordType::A).await?;
             ips = answer::addresses(&a);
         }
         if let Some(member) = ips.first().and_then(|ip| answer::srv_member(&target, *ip)) {
