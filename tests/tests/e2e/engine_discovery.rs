@@ -323,8 +323,9 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
 
         // A replica joins: it appears in DNS, is probed, then receives requests.
         std::thread::sleep(Duration::from_secs(10).saturating_sub(started.elapsed()));
-        dns.serve(&[0, 1, 2]).unwrap();
+        // From the moment the records start changing (Envoy may see them first).
         let joined_at = Instant::now();
+        dns.serve(&[0, 1, 2]).unwrap();
         assert!(
             eventually(INTERVAL * 5, || served(e2, 2)),
             "the new replica receives requests at its endpoint:\n{}",
@@ -337,8 +338,8 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
 
         // A replica leaves: first out of DNS, then stopped after the interval and a drain.
         std::thread::sleep(Duration::from_secs(30).saturating_sub(started.elapsed()));
-        dns.serve(&[0, 2]).unwrap();
         let left_at = Instant::now();
+        dns.serve(&[0, 2]).unwrap();
         // Deliberate window: the documented interval plus the drain, under load.
         std::thread::sleep(INTERVAL + DRAIN);
         let removed = leaving.lock().unwrap().take().expect("still running");
