@@ -7,7 +7,9 @@
 //! records `_http._tcp.llm-engine.cohort.test` (names `llm-engine-N`, the pods' stable
 //! names); Envoy's `all-replicas` cluster resolves the same name through the same server
 //! (STRICT_DNS), and its `override_host` policy sends each request to the
-//! `x-gateway-destination-endpoint` the filter wrote from the batcher's answer. Under
+//! `x-gateway-destination-endpoint` the filter wrote from the batcher's answer (the policy
+//! the Istio overlay's `cohort-engine-endpoint` EnvoyFilter patches in, as kustomize
+//! renders it). Under
 //! fewer than 50 requests/s for 60 s:
 //!
 //! - a replica that appears in DNS is probed, then receives requests, at the endpoint the
@@ -21,9 +23,11 @@
 //! Needs `/usr/sbin/dnsmasq` (`scripts/setup`), Envoy, the built filter and the `cohort`
 //! binary, like the other assign-mode tests.
 
+use cohort_fingerprint::headers::HeaderNames;
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::load::{self, Plan};
+use cohort_tests::manifests;
 use cohort_tests::upstream::Upstream;
 use cohort_tests::{config, eventually, free_port, one_at_a_time, stays, with_port_retries};
 use serde_yaml::Value;
@@ -193,16 +197,56 @@ load_assignment:
     for (key, value) in dns.as_mapping().unwrap() {
         all[key] = value.clone();
     }
-    assert!(
-        all["load_balancing_policy"]["policies"][0]["typed_extension_config"]["name"].as_str()
-            == Some("envoy.load_balancing_policies.override_host"),
-        "assign.yaml's all-replicas routes on the endpoint header"
+    let standalone =
+        override_host_header(&serde_json::to_value(&all["load_balancing_policy"]).unwrap());
+    assert_eq!(
+        standalone.as_deref(),
+        Some(ENDPOINT),
+        "assign.yaml's all-replicas"
     );
+    // The policy the Istio overlay patches onto the engines' cluster, as kustomize renders
+    // it: what runs here is what ships.
+    all["load_balancing_policy"] = serde_yaml::to_value(istio_endpoint_policy()).unwrap();
     config::set_filter(
         &mut yaml,
         r#"{"mode": "assign", "assign_deadline_ms": 25, "batcher_clusters": ["cohort-batcher-0"]}"#,
     );
     yaml
+}
+
+/// The header an `override_host` load-balancing policy reads.
+fn override_host_header(policy: &serde_json::Value) -> Option<String> {
+    let first = &policy["policies"][0]["typed_extension_config"];
+    (first["name"] == "envoy.load_balancing_policies.override_host").then(|| {
+        first["typed_config"]["override_host_sources"][0]["header"]
+            .as_str()
+            .map(str::to_owned)
+    })?
+}
+
+/// The `load_balancing_policy` of the assign overlay's `cohort-engine-endpoint`
+/// EnvoyFilter, checked against the rest of the overlay: it patches the cluster of the
+/// engines' Service (the one the base EnvoyFilter patches) and reads the filter's
+/// endpoint header.
+fn istio_endpoint_policy() -> serde_json::Value {
+    let objects = manifests::render("assign");
+    let patch = &manifests::find(&objects, "EnvoyFilter", "cohort-engine-endpoint")["spec"]
+        ["configPatches"][0];
+    assert_eq!(patch["applyTo"], "CLUSTER");
+    let engines = manifests::find(&objects, "EnvoyFilter", "cohort")["spec"]["configPatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["applyTo"] == "CLUSTER")
+        .expect("the base EnvoyFilter patches the engines' cluster")["match"]
+        .clone();
+    assert_eq!(patch["match"], engines, "the same cluster");
+    let policy = patch["patch"]["value"]["load_balancing_policy"].clone();
+    assert_eq!(
+        override_host_header(&policy).as_deref(),
+        Some(HeaderNames::default().endpoint.as_str())
+    );
+    policy
 }
 
 /// Chat request `id`: one of a few applications (shared system prompts, which stay on
