@@ -39,7 +39,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 /// One engine replica as discovery names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Member {
     /// The replica's identity and `x-cohort-shard` value.
     pub name: String,
@@ -221,6 +221,8 @@ pub fn spawn(
         );
         let upstream = Arc::new(Upstream::new());
         let mut members: Vec<(usize, Member)> = Vec::new();
+        // Each replica's last probe, for one log line per change.
+        let mut health = Health::default();
         let mut resolve_tick = tokio::time::interval(settings.interval);
         resolve_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probe_tick = tokio::time::interval(settings.probe_interval);
@@ -236,7 +238,8 @@ pub fn spawn(
                                 .filter(|m| !before.contains(m))
                                 .cloned()
                                 .collect();
-                            probe(&upstream, settings.engine, &brain, &joined).await;
+                            health.keep(&members);
+                            probe(&upstream, settings.engine, &brain, &joined, &mut health).await;
                             Outcome::Found(found.len())
                         }
                         Ok(_) => Outcome::Nothing,
@@ -245,11 +248,39 @@ pub fn spawn(
                     discovery.replicas.store(members.len(), Ordering::Relaxed);
                     discovery.record(&outcome);
                 }
-                _ = probe_tick.tick() => probe(&upstream, settings.engine, &brain, &members).await,
+                _ = probe_tick.tick() => {
+                    probe(&upstream, settings.engine, &brain, &members, &mut health).await
+                }
                 _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
             }
         }
     })
+}
+
+/// The last probe of each discovered replica, so that only changes are logged.
+#[derive(Default)]
+struct Health {
+    up: std::collections::HashMap<Member, bool>,
+}
+
+impl Health {
+    /// Forgets replicas no longer in `members`.
+    fn keep(&mut self, members: &[(usize, Member)]) {
+        self.up
+            .retain(|member, _| members.iter().any(|(_, m)| m == member));
+    }
+
+    /// Records a probe of `member`; the change to log, if any (the first answer, and
+    /// every change after it).
+    fn probed(&mut self, member: &Member, up: bool) -> Option<&'static str> {
+        match (self.up.insert(member.clone(), up), up) {
+            (None, true) => Some("engine replica answered its first probe: now used"),
+            (None, false) => Some("engine replica does not answer its probe yet"),
+            (Some(false), true) => Some("engine replica is up"),
+            (Some(true), false) => Some("engine replica is down"),
+            _ => None,
+        }
+    }
 }
 
 /// Probes `members` at once and tells the brain: up (health path below 500) or down, and
@@ -259,6 +290,7 @@ async fn probe(
     engine: &'static dyn Engine,
     brain: &Arc<dyn Replicas>,
     members: &[(usize, Member)],
+    health: &mut Health,
 ) {
     let mut probes = tokio::task::JoinSet::new();
     for (slot, member) in members.iter().cloned() {
@@ -287,15 +319,22 @@ async fn probe(
                 },
                 _ => None,
             };
-            (slot, up, metrics)
+            (slot, member, up, metrics)
         });
     }
     // Applied after every probe returned, in this task: no resolution can move a slot
     // to another replica meanwhile.
     while let Some(done) = probes.join_next().await {
-        let Ok((slot, up, metrics)) = done else {
+        let Ok((slot, member, up, metrics)) = done else {
             continue;
         };
+        if let Some(change) = health.probed(&member, up) {
+            let (replica, endpoint) = (&member.name, &member.endpoint);
+            match up {
+                true => info!(%replica, %endpoint, "{change}"),
+                false => warn!(%replica, %endpoint, "{change}"),
+            }
+        }
         if up {
             brain.engine_up(slot);
         } else {
@@ -304,5 +343,36 @@ async fn probe(
         if let Some(metrics) = metrics {
             brain.engine_metrics(slot, &metrics);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_logs_name_the_first_answer_and_each_change() {
+        let m = |endpoint: &str| Member {
+            name: "llm-engine-0".into(),
+            endpoint: endpoint.into(),
+        };
+        let mut h = Health::default();
+        assert!(h
+            .probed(&m("10.0.0.1:80"), false)
+            .is_some_and(|s| s.contains("yet")));
+        assert!(h.probed(&m("10.0.0.1:80"), false).is_none());
+        assert!(h
+            .probed(&m("10.0.0.1:80"), true)
+            .is_some_and(|s| s.ends_with("up")));
+        assert!(h.probed(&m("10.0.0.1:80"), true).is_none());
+        assert!(h
+            .probed(&m("10.0.0.1:80"), false)
+            .is_some_and(|s| s.ends_with("down")));
+        // The same name at a new address is a new replica; the old one is forgotten.
+        h.keep(&[(0, m("10.0.0.2:80"))]);
+        assert!(h
+            .probed(&m("10.0.0.2:80"), true)
+            .is_some_and(|s| s.contains("first")));
+        assert_eq!(h.up.len(), 1);
     }
 }

@@ -379,6 +379,12 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
             "joined: first assigned request after {:?}",
             joined_at.elapsed()
         );
+        let log = batcher.log();
+        assert!(
+            log.lines()
+                .any(|l| l.contains("answered its first probe") && l.contains("llm-engine-2")),
+            "{log}"
+        );
 
         // A replica leaves: first out of DNS, then stopped after the interval and a drain.
         std::thread::sleep(Duration::from_secs(30).saturating_sub(started.elapsed()));
