@@ -2,6 +2,7 @@
 //! is held out until its first probe answers, one that leaves is never chosen again and
 //! its state is gone, replicas that stay keep theirs.
 
+use cohort_batcher_core::policy::burst_order::Precedence;
 use cohort_batcher_core::policy::{Policy, PolicyConfig, RouteRequest};
 
 fn req(blocks: &[u64], now_ms: u64) -> RouteRequest<'_> {
@@ -114,4 +115,24 @@ fn with_no_replica_left_nothing_is_choosable_and_choosing_does_not_panic() {
     p.probe(slot, true);
     assert!(p.choosable(1));
     assert_eq!(p.choose(&req(&[5], 2)).replica, slot);
+}
+
+#[test]
+fn a_slot_nobody_holds_does_not_make_a_shared_prefix_look_like_a_home() {
+    let mut p = policy(3);
+    let trunk = [77u64, 78];
+    // Every replica holds the trunk (warmed), then one leaves.
+    for r in 0..3 {
+        p.warmed(r, &trunk, 0, 1_000_000);
+    }
+    assert_eq!(p.precedence(&trunk, 1), Precedence::Anywhere);
+    p.leave(1);
+    assert_eq!(p.precedence(&trunk, 2), Precedence::Anywhere);
+    let slot = p.join();
+    assert_eq!(
+        p.precedence(&trunk, 3),
+        Precedence::Home,
+        "the newcomer holds none of it"
+    );
+    assert_eq!(slot, 1);
 }

@@ -75,6 +75,12 @@
 //! - Load is measured in work (uncached prompt + decode estimate), not request count, so
 //!   a 100k-token prompt and a 100-token prompt do not weigh the same.
 //!
+//! The replica set can change at runtime (engine discovery): everything above is kept per
+//! *slot*. [`Policy::join`] gives a new replica the lowest free slot with fresh state, held
+//! out of decisions until its first probe answers; [`Policy::leave`] drops a slot's state
+//! (prefix residency, loads, open tickets, cohort ownership) and never chooses it again.
+//! Replicas that stay keep their slots and state, so a change costs nothing to the rest.
+//!
 //! No input panics: zero replicas is treated as one, out-of-range replica ids in reports
 //! are ignored, non-finite or sub-1 `balance` values are clamped.
 
