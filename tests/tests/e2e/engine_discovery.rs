@@ -20,6 +20,10 @@
 //! - with the DNS server gone, the batcher keeps the last known set, says so on
 //!   `cohort_discovery_stale`, and logs it once.
 //!
+//! And a DNS server that answers only malformed messages (garbage, a header promising
+//! answers it lacks, control bytes in an SRV target, a compression loop, a record cut in
+//! half) leaves the batcher serving, stale, with one log line.
+//!
 //! Needs `/usr/sbin/dnsmasq` (`scripts/setup`), Envoy, the built filter and the `cohort`
 //! binary, like the other assign-mode tests.
 
@@ -489,4 +493,113 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
         "{}",
         &batcher.log()[log_before..]
     );
+}
+
+/// Answers to a DNS question (`query`) that no resolver should trust, one per call.
+fn hostile_answer(query: &[u8], n: u64) -> Vec<u8> {
+    let id = &query[..2];
+    let question = &query[12..];
+    let header = |answers: u16| {
+        let mut h = id.to_vec();
+        h.extend_from_slice(&[0x81, 0x80, 0, 1]);
+        h.extend_from_slice(&answers.to_be_bytes());
+        h.extend_from_slice(&[0, 0, 0, 0]);
+        h
+    };
+    match n % 5 {
+        // Bytes that are not a DNS message.
+        0 => [id, &b"\xff\x00garbage"[..]].concat(),
+        // A header that promises 65,535 answers and carries none.
+        1 => [header(u16::MAX), question.to_vec()].concat(),
+        // An SRV answer whose target is control bytes and markup.
+        2 => {
+            let mut m = [header(1), question.to_vec()].concat();
+            let target = b"\x0a\r\nx<b>\x00evil\x04test\x00";
+            m.extend_from_slice(&[0xc0, 0x0c, 0, 33, 0, 1, 0, 0, 0, 5]);
+            m.extend_from_slice(&((6 + target.len()) as u16).to_be_bytes());
+            m.extend_from_slice(&[0, 0, 0, 0, 0x1f, 0x40]);
+            m.extend_from_slice(target);
+            m
+        }
+        // A name that points at itself (a compression loop).
+        3 => {
+            let mut m = [header(1), question.to_vec()].concat();
+            let at = m.len() as u16;
+            m.extend_from_slice(&(0xc000 | at).to_be_bytes());
+            m.extend_from_slice(&[
+                0, 33, 0, 1, 0, 0, 0, 5, 0, 8, 0, 0, 0, 0, 0x1f, 0x40, 0xc0, 0x0c,
+            ]);
+            m
+        }
+        // An answer cut in the middle of a record.
+        _ => {
+            let mut m = [header(1), question.to_vec()].concat();
+            m.extend_from_slice(&[0xc0, 0x0c, 0, 33, 0, 1, 0, 0]);
+            m
+        }
+    }
+}
+
+#[test]
+fn hostile_dns_answers_never_crash_the_batcher() {
+    // A DNS server on loopback that answers every question with something malformed.
+    let (socket, port) = with_port_retries("hostile dns", |_| {
+        let port = free_port();
+        std::net::UdpSocket::bind(("127.0.0.1", port))
+            .map(|s| (s, port))
+            .map_err(|e| e.to_string())
+    });
+    socket
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut buf = [0u8; 1500];
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok((len, from)) = socket.recv_from(&mut buf) {
+                    if len > 12 {
+                        let _ = socket.send_to(&hostile_answer(&buf[..len], n), from);
+                        n += 1;
+                    }
+                }
+            }
+        });
+        let batcher = Batcher::start(BatcherSpec {
+            grpc_port: free_port(),
+            http_port: free_port(),
+            replicas: Vec::new(),
+            shard_index: 0,
+            shard_count: 1,
+            front_port: None,
+            extra_args: vec![
+                "--discovery-dns".into(),
+                SERVICE.into(),
+                "--discovery-resolver".into(),
+                format!("127.0.0.1:{port}"),
+                "--discovery-interval-s".into(),
+                "1".into(),
+            ],
+        });
+        // Every kind of answer several times over, and the batcher still serves.
+        let failures = || batcher.metric("cohort_discovery_resolve_failures_total");
+        let answered = eventually(Duration::from_secs(30), || failures() >= 10.0);
+        stop.store(true, Ordering::Relaxed);
+        assert!(answered, "{}", batcher.log());
+        let ready =
+            cohort_tests::client::request(batcher.spec.http_port, "GET", "/readyz", &[], b"");
+        assert_eq!(ready.map(|r| r.status).ok(), Some(200), "{}", batcher.log());
+        assert_eq!(batcher.metric("cohort_discovery_stale"), 1.0);
+        assert_eq!(batcher.metric("cohort_discovery_replicas"), 0.0);
+        let log = batcher.log();
+        assert!(!log.contains("panicked"), "{log}");
+        assert_eq!(
+            log.lines()
+                .filter(|l| l.contains("keeping the last known set"))
+                .count(),
+            1,
+            "one line for the change of state, not one per failure:\n{log}"
+        );
+    });
 }
