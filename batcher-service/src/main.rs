@@ -13,6 +13,7 @@ mod audit;
 mod clock;
 mod commands;
 mod config;
+mod discovery;
 mod fleet;
 mod front;
 mod metrics;
@@ -34,7 +35,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the batcher service.
-    Serve(config::ServeArgs),
+    Serve(Box<config::ServeArgs>),
     /// Fingerprint request bodies from JSONL (a file or stdin) and write JSONL records.
     Fingerprint(commands::fingerprint::Args),
     /// Score how batch-friendly prompt corpora are (0-1); exit 1 below --min-score.
@@ -52,7 +53,7 @@ enum Command {
 fn main() -> anyhow::Result<std::process::ExitCode> {
     let ok = |r: anyhow::Result<()>| r.map(|()| std::process::ExitCode::SUCCESS);
     match Cli::parse().command {
-        Command::Serve(args) => ok(commands::serve::run(args)),
+        Command::Serve(args) => ok(commands::serve::run(*args)),
         Command::Fingerprint(args) => ok(commands::fingerprint::run(args)),
         Command::Score(args) => commands::score::run(args),
         Command::Lint(args) => commands::lint::run(args),

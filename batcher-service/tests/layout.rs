@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | 0 | `audit`, `clock`, `config`, `metrics` | nothing of the binary |
 //! | 1 | `fleet` | layer 0 |
-//! | 2 | `front` | layers 0–1 |
+//! | 2 | `front`, `discovery` | layers 0–1 |
 //! | 3 | `serve` | layers 0–2 |
 //! | 4 | `commands` | everything |
 //!
@@ -15,13 +15,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const LAYERS: [(&str, u8); 9] = [
+const LAYERS: [(&str, u8); 10] = [
     ("audit", 0),
     ("clock", 0),
     ("config", 0),
     ("metrics", 0),
     ("fleet", 1),
     ("front", 2),
+    ("discovery", 2),
     ("serve", 3),
     ("commands", 4),
     ("main", 5),

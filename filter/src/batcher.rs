@@ -203,12 +203,16 @@ pub enum ReplyError {
     BadShard(String),
     #[error("the reply's cluster {0:?} is not a plain cohort id")]
     BadCluster(String),
+    #[error("the reply's endpoint {0:?} is not an ip:port")]
+    BadEndpoint(String),
 }
 
 /// The batcher's decision, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {
     pub shard: String,
+    /// The replica's `ip:port` (empty when the batcher knows none).
+    pub endpoint: String,
     /// Empty when the batcher put the request in no cohort (then the filter's stays).
     pub cluster: String,
     pub reason: String,
@@ -231,6 +235,9 @@ pub fn read_assign_reply(bytes: &[u8]) -> Result<Assignment, ReplyError> {
     if !reply.cluster.is_empty() && !is_plain_name(&reply.cluster) {
         return Err(ReplyError::BadCluster(reply.cluster));
     }
+    if !reply.endpoint.is_empty() && reply.endpoint.parse::<std::net::SocketAddr>().is_err() {
+        return Err(ReplyError::BadEndpoint(reply.endpoint));
+    }
     let reason = if is_plain_name(&reply.reason) {
         reply.reason
     } else {
@@ -238,6 +245,7 @@ pub fn read_assign_reply(bytes: &[u8]) -> Result<Assignment, ReplyError> {
     };
     Ok(Assignment {
         shard: reply.shard,
+        endpoint: reply.endpoint,
         cluster: reply.cluster,
         reason,
         ticket: reply.ticket,
@@ -346,7 +354,8 @@ impl AssignOutcome {
 /// time, so a busy loop fires them a few milliseconds early; a batcher that is down fails
 /// within a millisecond); any other failure, and a reply that is undecodable or names a
 /// replica or cohort that is not a plain name, is an error. An assigned request gets
-/// `x-cohort-shard`; in batch mode also the batch header (its batcher shard index), the
+/// `x-cohort-shard`, and in assign mode the endpoint header when the batcher named the
+/// replica's `ip:port`; in batch mode also the batch header (its batcher shard index), the
 /// prefetch header when a knob policy set the level, and the tenant header; and the cluster
 /// header when the batcher put it in a cohort.
 pub fn assign_outcome(
@@ -381,6 +390,9 @@ pub fn assign_outcome(
         }
     };
     let mut headers = vec![(config.headers.shard.clone(), assignment.shard.clone())];
+    if config.mode == Mode::Assign && !assignment.endpoint.is_empty() {
+        headers.push((config.headers.endpoint.clone(), assignment.endpoint.clone()));
+    }
     if config.mode == Mode::Batch {
         headers.push((config.headers.batch.clone(), shard_index.to_string()));
         // With a knob policy, the front warms predicted cohorts at the level it let this
@@ -656,6 +668,7 @@ mod tests {
                 ticket: 77,
                 exemplar_wanted: true,
                 inert_knobs: vec!["session".into(), "no-such-knob".into()],
+                endpoint: "10.0.0.7:8000".into(),
             }
             .encode_to_vec()
         };
@@ -669,7 +682,25 @@ mod tests {
         assert_eq!(ok.shard, "replica-1");
         assert_eq!(ok.cluster, "0000002a");
         assert_eq!(ok.reason, "prefix");
+        assert_eq!(ok.endpoint, "10.0.0.7:8000");
         assert!(ok.exemplar_wanted);
+        for endpoint in [
+            "10.0.0.7",
+            "pod-0:8000",
+            "10.0.0.7:8000\r\nx-evil: 1",
+            "[::1]:99999",
+        ] {
+            let bad = pb::AssignReply {
+                shard: "r1".into(),
+                endpoint: endpoint.into(),
+                ..Default::default()
+            }
+            .encode_to_vec();
+            assert_eq!(
+                read_assign_reply(&bad),
+                Err(ReplyError::BadEndpoint(endpoint.into()))
+            );
+        }
         assert!(matches!(
             read_assign_reply(&encode("", "x")),
             Err(ReplyError::BadShard(_))
@@ -721,6 +752,7 @@ mod tests {
             ticket,
             exemplar_wanted,
             inert_knobs: Vec::new(),
+            endpoint: String::new(),
         })
     }
 
@@ -776,6 +808,33 @@ mod tests {
         let slow = outcome(&config, failed(14, 18_750));
         assert_fell_back(&slow, AssignFallback::Timeout);
         assert_eq!(slow.counter(), AssignCounter::Timeout);
+    }
+
+    #[test]
+    fn assign_mode_writes_the_replica_endpoint_for_override_host() {
+        let with_endpoint = prost::Message::encode_to_vec(&pb::AssignReply {
+            shard: "llm-engine-2".into(),
+            endpoint: "10.1.2.3:8000".into(),
+            ..Default::default()
+        });
+        let config = assign_config();
+        let o = outcome(&config, answered(&with_endpoint));
+        assert_eq!(header(&o, "x-cohort-shard"), Some("llm-engine-2"));
+        assert_eq!(
+            header(&o, "x-gateway-destination-endpoint"),
+            Some("10.1.2.3:8000")
+        );
+        let renamed =
+            parsed(r#"{"mode":"assign","batcher_clusters":["b0"],"headers":{"endpoint":"x-pod"}}"#);
+        let o = outcome(&renamed, answered(&with_endpoint));
+        assert_eq!(header(&o, "x-pod"), Some("10.1.2.3:8000"));
+        // No endpoint in the reply (an older batcher): no header, the shard still routes.
+        let o = outcome(&config, answered(&reply("r1", "", 0, false)));
+        assert_eq!(header(&o, "x-gateway-destination-endpoint"), None);
+        assert_eq!(header(&o, "x-cohort-shard"), Some("r1"));
+        // Batch mode routes to the batcher's front, never to an engine endpoint.
+        let o = outcome(&batch_config(), answered(&with_endpoint));
+        assert_eq!(header(&o, "x-gateway-destination-endpoint"), None);
     }
 
     #[test]

@@ -11,6 +11,9 @@ use thiserror::Error;
 /// The tenant header's default name.
 pub const TENANT: &str = "x-cohort-tenant";
 
+/// The endpoint header's default name (the Gateway API Inference Extension's).
+pub const ENDPOINT: &str = "x-gateway-destination-endpoint";
+
 /// Names of the headers Cohort reads and writes (the tenant header apart: it is a
 /// top-level setting of each part, `tenant_header`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -25,6 +28,9 @@ pub struct HeaderNames {
     pub cluster: String,
     /// The replica the batcher chose (assign and batch mode).
     pub shard: String,
+    /// Assign mode: the chosen replica's `ip:port`, which the engines' cluster routes on
+    /// with Envoy's `override_host` policy (the Gateway API Inference Extension's name).
+    pub endpoint: String,
     /// Batch mode: on a request, the index of the batcher shard whose HTTP front should
     /// take it (routes match it); on the front's answer, `role;replica=NAME`.
     pub batch: String,
@@ -51,6 +57,7 @@ impl Default for HeaderNames {
             fp_version: "x-cohort-fp-version".into(),
             cluster: "x-cohort-cluster".into(),
             shard: "x-cohort-shard".into(),
+            endpoint: ENDPOINT.into(),
             batch: "x-cohort-batch".into(),
             bypass: "x-cohort-bypass".into(),
             response: "x-cohort".into(),
@@ -81,7 +88,7 @@ pub enum HeaderNameError {
 
 impl HeaderNames {
     /// Headers only the filter may write: a client's values are removed from every request.
-    pub fn reserved(&self) -> [&str; 8] {
+    pub fn reserved(&self) -> [&str; 9] {
         [
             &self.key,
             &self.prefix,
@@ -89,6 +96,7 @@ impl HeaderNames {
             &self.fp_version,
             &self.cluster,
             &self.shard,
+            &self.endpoint,
             &self.batch,
             &self.bypass,
         ]
@@ -103,6 +111,7 @@ impl HeaderNames {
             ("fp_version", &self.fp_version),
             ("cluster", &self.cluster),
             ("shard", &self.shard),
+            ("endpoint", &self.endpoint),
             ("batch", &self.batch),
             ("bypass", &self.bypass),
             ("response", &self.response),

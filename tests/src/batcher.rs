@@ -32,6 +32,8 @@ pub fn binary() -> PathBuf {
 pub struct BatcherSpec {
     pub grpc_port: u16,
     pub http_port: u16,
+    /// Static replicas (`--replica`); empty with discovery (`--discovery-dns` in
+    /// `extra_args`).
     pub replicas: Vec<String>,
     pub shard_index: u32,
     pub shard_count: u32,
@@ -87,7 +89,12 @@ impl Batcher {
             .args(["--http-listen", &format!("127.0.0.1:{}", spec.http_port)])
             .args(["--shard-index", &spec.shard_index.to_string()])
             .args(["--shard-count", &spec.shard_count.to_string()])
-            .args(["--replica", &spec.replicas.join(",")])
+            .args(
+                (!spec.replicas.is_empty())
+                    .then(|| ["--replica".to_owned(), spec.replicas.join(",")])
+                    .iter()
+                    .flatten(),
+            )
             .args(
                 spec.front_port
                     .map(|port| ["--front-listen".to_owned(), format!("127.0.0.1:{port}")])

@@ -24,6 +24,8 @@ pub struct Received {
     /// Names lowercase, in arrival order, duplicates kept.
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// When its headers arrived.
+    pub at: std::time::Instant,
 }
 
 impl Received {
@@ -80,6 +82,18 @@ impl Upstream {
         )
     }
 
+    /// A recording upstream on `addr` (another loopback address, so that DNS can name
+    /// engines on one port by address).
+    pub fn start_at(name: &str, addr: std::net::SocketAddr) -> std::io::Result<Upstream> {
+        let listener = std::net::TcpListener::bind(addr)?;
+        Ok(Upstream::serve(
+            name,
+            Log::Full(Mutex::new(Vec::new())),
+            listener,
+            addr.port(),
+        ))
+    }
+
     fn spawn(name: &str, log: Log) -> Upstream {
         // A port from the harness's range (never the kernel's ephemeral range): taken by
         // the time it binds, another is tried.
@@ -89,6 +103,10 @@ impl Upstream {
                 .map(|listener| (listener, port))
                 .map_err(|e| e.to_string())
         });
+        Upstream::serve(name, log, listener, port)
+    }
+
+    fn serve(name: &str, log: Log, listener: std::net::TcpListener, port: u16) -> Upstream {
         listener.set_nonblocking(true).unwrap();
         let received = Arc::new(log);
         let behaviour = Arc::new(Behaviour::default());
@@ -235,6 +253,7 @@ async fn record(
         }
     };
     all.lock().unwrap().push(Received {
+        at: std::time::Instant::now(),
         method: parts.method.to_string(),
         path: parts.uri.to_string(),
         headers: parts

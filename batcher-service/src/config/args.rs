@@ -1,12 +1,13 @@
 //! `cohort serve`'s flags. Each also reads a `COHORT_*` environment variable, and each
 //! overrides the configuration file ([`super::ServeConfig::load`] merges them).
 
+use cohort_batcher_core::engines::EngineKind;
 use cohort_gpu_store::StoreKind;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 /// Flags (and their environment variables) that override the file.
-#[derive(Debug, Default, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "COHORT_CONFIG")]
@@ -38,6 +39,25 @@ pub struct ServeArgs {
     /// (`replica-0=vllm+http://10.0.0.5:8000`). Replaces the file's list.
     #[arg(long = "replica", env = "COHORT_REPLICAS", value_delimiter = ',')]
     pub replicas: Vec<String>,
+    /// Learn the engine replicas from this DNS name (the engines' headless Service)
+    /// instead of `--replica`.
+    #[arg(long, env = "COHORT_DISCOVERY_DNS")]
+    pub discovery_dns: Option<String>,
+    /// The Service's named port, for SRV records `_<name>._tcp.<dns>` ("" = A records only).
+    #[arg(long, env = "COHORT_DISCOVERY_PORT_NAME")]
+    pub discovery_port_name: Option<String>,
+    /// The engines' port when the port name is empty.
+    #[arg(long, env = "COHORT_DISCOVERY_PORT")]
+    pub discovery_port: Option<u16>,
+    /// The DNS server to ask (`ip:port`); default: the first nameserver of /etc/resolv.conf.
+    #[arg(long, env = "COHORT_DISCOVERY_RESOLVER")]
+    pub discovery_resolver: Option<SocketAddr>,
+    /// Seconds between two resolutions (default 5).
+    #[arg(long, env = "COHORT_DISCOVERY_INTERVAL_S")]
+    pub discovery_interval_s: Option<u64>,
+    /// The discovered engines' adapter (health path): llamacpp, vllm, sglang, tgi, …
+    #[arg(long, env = "COHORT_DISCOVERY_ENGINE", value_parser = parse_engine)]
+    pub discovery_engine: Option<EngineKind>,
     /// Balance bound (see the policy).
     #[arg(long, env = "COHORT_BALANCE")]
     pub balance: Option<f64>,
@@ -61,4 +81,8 @@ pub struct ServeArgs {
     /// Milliseconds to keep serving after SIGTERM while health checks answer 503.
     #[arg(long, env = "COHORT_DRAIN_DELAY_MS")]
     pub drain_delay_ms: Option<u64>,
+}
+
+fn parse_engine(name: &str) -> Result<EngineKind, String> {
+    EngineKind::parse(name).map_err(|e| e.to_string())
 }

@@ -22,6 +22,14 @@
 //! max_batch = 16
 //! min_shared = 0.5                # joins a batch only sharing ≥ half its prompt with the leader
 //!
+//! [discovery]                     # replicas from DNS instead of [[replicas]] (assign mode)
+//! dns = "llm-engine-headless.llm.svc.cluster.local"   # the engines' headless Service
+//! port_name = "http"              # SRV _http._tcp.<dns>: pod names and ports ("": A only)
+//! port = 8000                     # the engines' port when port_name = ""
+//! resolver = "10.96.0.10:53"      # default: the first nameserver of /etc/resolv.conf
+//! interval_s = 5                  # seconds between resolutions
+//! engine = "vllm"                 # the discovered engines' adapter (health path)
+//!
 //! [prefetch]
 //! horizon_ms = 3200
 //!
@@ -64,9 +72,9 @@
 //!                                 # built without the `cuda` feature or no GPU is usable)
 //! ```
 //!
-//! Replicas are static for now. A Kubernetes source would fill the same `Vec<Replica>`
-//! from the Endpoints (EndpointSlices) of a Service and update the policy when they change;
-//! the policy already keys everything by replica index, so only a resize hook is missing.
+//! Replicas come from `[[replicas]]` (or `--replica`), fixed for the process's life, or
+//! from `[discovery]` (or `--discovery-dns`), re-resolved every `interval_s`
+//! ([`crate::discovery`]); one or the other. The batch front needs the static list.
 //!
 //! This module is a leaf of the binary: `serve`, the batch front and the engine probes
 //! read it, and it reads none of them.
@@ -77,8 +85,8 @@ mod validate;
 
 pub use args::ServeArgs;
 pub use sections::{
-    BatchSection, LoraSection, NeighbourSearch, PolicySection, PrefetchSection, Replica,
-    StoreSection,
+    BatchSection, DiscoverySection, LoraSection, NeighbourSearch, PolicySection, PrefetchSection,
+    Replica, StoreSection,
 };
 pub use validate::ConfigError;
 
@@ -106,6 +114,8 @@ pub struct ServeConfig {
     /// within them, and the brain narrows the knob values a filter sends.
     pub knobs: KnobPolicy,
     pub lora: Vec<LoraSection>,
+    /// Engine discovery from DNS (instead of `replicas`).
+    pub discovery: DiscoverySection,
     /// Deployment secret keying the engine cache salts of batch mode (vLLM `cache_salt`)
     /// and the front's own fingerprints; set it (`COHORT_SALT_SECRET`) to the filter's
     /// `salt_secret`, so salts cannot be guessed from tenant names.
@@ -144,6 +154,7 @@ impl Default for ServeConfig {
             prefetch: PrefetchSection::default(),
             knobs: KnobPolicy::default(),
             lora: Vec::new(),
+            discovery: DiscoverySection::default(),
             ui_assets: None,
             salt_secret: String::new(),
             tenant_header: cohort_fingerprint::headers::TENANT.into(),
@@ -204,6 +215,24 @@ impl ServeConfig {
                 })
                 .collect::<Result<_, _>>()?;
         }
+        if let Some(dns) = &args.discovery_dns {
+            config.discovery.dns = Some(dns.clone()).filter(|d| !d.is_empty());
+        }
+        if let Some(name) = &args.discovery_port_name {
+            config.discovery.port_name = name.clone();
+        }
+        if let Some(port) = args.discovery_port {
+            config.discovery.port = port;
+        }
+        if let Some(resolver) = args.discovery_resolver {
+            config.discovery.resolver = Some(resolver);
+        }
+        if let Some(interval) = args.discovery_interval_s {
+            config.discovery.interval_s = interval;
+        }
+        if let Some(engine) = args.discovery_engine {
+            config.discovery.engine = engine;
+        }
         if let Some(balance) = args.balance {
             config.policy.balance = balance;
         }
@@ -250,9 +279,9 @@ impl ServeConfig {
         })
     }
 
-    /// Whether batch mode's front runs (every replica has a url).
+    /// Whether batch mode's front runs (static replicas, every one with a url).
     pub fn front_enabled(&self) -> bool {
-        self.replicas.iter().all(|r| r.url.is_some())
+        !self.replicas.is_empty() && self.replicas.iter().all(|r| r.url.is_some())
     }
 }
 
@@ -267,6 +296,43 @@ mod tests {
             replicas: replicas.iter().map(|r| r.to_string()).collect(),
             ..ServeArgs::default()
         }
+    }
+
+    #[test]
+    fn discovery_replaces_the_static_list_and_is_checked() {
+        let mut a = args(&[]);
+        a.discovery_dns = Some("llm-engine-headless.llm.svc.cluster.local".into());
+        a.discovery_resolver = Some("10.96.0.10:53".parse().unwrap());
+        a.discovery_interval_s = Some(2);
+        a.discovery_engine = Some(EngineKind::Vllm);
+        let config = ServeConfig::load(&a, None).unwrap();
+        assert!(config.replicas.is_empty());
+        assert!(!config.front_enabled(), "the front needs the static list");
+        let d = &config.discovery;
+        assert_eq!(d.port_name, "http");
+        assert_eq!(
+            (d.interval_s, d.port, d.engine),
+            (2, 8000, EngineKind::Vllm)
+        );
+        assert_eq!(d.resolver, Some("10.96.0.10:53".parse().unwrap()));
+        assert_eq!(ServeConfig::default().discovery.interval_s, 5);
+
+        let refused = |change: &dyn Fn(&mut ServeArgs)| {
+            let mut b = a.clone();
+            change(&mut b);
+            ServeConfig::load(&b, None).unwrap_err().to_string()
+        };
+        assert!(refused(&|b| b.replicas = vec!["r0".into()]).contains("not both"));
+        assert!(refused(&|b| b.discovery_interval_s = Some(0)).contains("interval_s"));
+        assert!(refused(&|b| b.discovery_dns = Some("bad name..x".into())).contains("DNS name"));
+        assert!(refused(&|b| b.discovery_port_name = Some("HTTP".into())).contains("port_name"));
+        assert!(refused(&|b| {
+            b.discovery_port_name = Some(String::new());
+            b.discovery_port = Some(0);
+        })
+        .contains("port"));
+        // An empty name turns discovery off: then a replica list is needed.
+        assert!(refused(&|b| b.discovery_dns = Some(String::new())).contains("no engine replicas"));
     }
 
     #[test]

@@ -146,6 +146,42 @@ impl Default for PrefetchSection {
     }
 }
 
+/// `[discovery]`: engine replicas learnt from DNS (a Kubernetes headless Service) instead
+/// of a static list.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoverySection {
+    /// The Service's DNS name (`llm-engine-headless.llm.svc.cluster.local`); unset: no
+    /// discovery.
+    pub dns: Option<String>,
+    /// The Service's named port: replicas come from the SRV records
+    /// `_<port_name>._tcp.<dns>` (each pod's stable name and port). Empty: A records of
+    /// `dns` only, on `port`, each replica named by its address.
+    pub port_name: String,
+    /// The engines' port when `port_name` is empty (A records carry no port).
+    pub port: u16,
+    /// The DNS server asked (`10.96.0.10:53`); unset: the first `nameserver` of
+    /// `/etc/resolv.conf`, on port 53.
+    pub resolver: Option<SocketAddr>,
+    /// Seconds between two resolutions.
+    pub interval_s: u64,
+    /// The engine adapter of every discovered replica (its health path).
+    pub engine: EngineKind,
+}
+
+impl Default for DiscoverySection {
+    fn default() -> Self {
+        DiscoverySection {
+            dns: None,
+            port_name: "http".into(),
+            port: 8000,
+            resolver: None,
+            interval_s: 5,
+            engine: EngineKind::default(),
+        }
+    }
+}
+
 /// `[[lora]]`: an adapter some cohorts need.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

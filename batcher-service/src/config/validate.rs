@@ -22,8 +22,10 @@ pub enum ConfigError {
         path: PathBuf,
         source: Box<toml::de::Error>,
     },
-    #[error("no engine replicas configured (a [[replicas]] table or --replica)")]
+    #[error("no engine replicas configured (a [[replicas]] table, --replica, or [discovery])")]
     NoReplicas,
+    #[error("discovery: {0}")]
+    Discovery(String),
     #[error("replica name {0:?} must be 1-64 of [A-Za-z0-9._-] and unique")]
     ReplicaName(String),
     #[error("shard_index {index} is not below shard_count {count}")]
@@ -52,8 +54,15 @@ pub enum ConfigError {
 
 impl ServeConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if self.replicas.is_empty() {
-            return Err(ConfigError::NoReplicas);
+        match (&self.discovery.dns, self.replicas.is_empty()) {
+            (None, true) => return Err(ConfigError::NoReplicas),
+            (Some(_), false) => {
+                return Err(ConfigError::Discovery(
+                    "replicas come from [discovery] or from [[replicas]], not both".into(),
+                ))
+            }
+            (Some(dns), true) => self.validate_discovery(dns)?,
+            (None, false) => {}
         }
         self.headers.validate(&self.tenant_header)?;
         self.knobs.validate()?;
@@ -148,6 +157,47 @@ impl ServeConfig {
             if !is_plain_name(&lora.name) || lora.path.is_empty() {
                 return Err(ConfigError::Lora(lora.name.clone()));
             }
+        }
+        Ok(())
+    }
+
+    /// `[discovery]`: a DNS name, a port name that can be an SRV service label (or a port
+    /// when there is none), an interval of 1 s to 1 h.
+    fn validate_discovery(&self, dns: &str) -> Result<(), ConfigError> {
+        let d = &self.discovery;
+        let name_ok = !dns.is_empty()
+            && dns.len() <= 253
+            && dns.trim_end_matches('.').split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            });
+        if !name_ok {
+            return Err(ConfigError::Discovery(format!(
+                "dns {dns:?} is not a DNS name"
+            )));
+        }
+        let port_name_ok = d.port_name.len() <= 15
+            && d.port_name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !port_name_ok {
+            return Err(ConfigError::Discovery(format!(
+                "port_name {:?} is not a Service port name (lowercase letters, digits, '-')",
+                d.port_name
+            )));
+        }
+        if d.port_name.is_empty() && d.port == 0 {
+            return Err(ConfigError::Discovery(
+                "port must be set when port_name is empty".into(),
+            ));
+        }
+        if !(1..=3600).contains(&d.interval_s) {
+            return Err(ConfigError::Discovery(format!(
+                "interval_s must be 1 to 3600, got {}",
+                d.interval_s
+            )));
         }
         Ok(())
     }

@@ -29,7 +29,10 @@ pub struct BatcherService {
 
 impl From<BrainError> for Status {
     fn from(error: BrainError) -> Status {
-        Status::invalid_argument(error.to_string())
+        match error {
+            BrainError::NoFingerprint => Status::invalid_argument(error.to_string()),
+            BrainError::NoReplicas => Status::unavailable(error.to_string()),
+        }
     }
 }
 

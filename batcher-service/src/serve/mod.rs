@@ -2,7 +2,9 @@
 //! Observe, Status) and an HTTP server (`/metrics`, `/healthz`, `/readyz`) over one
 //! shared [`brain::Brain`], with a once-a-second upkeep task (TTL expiry of fingerprints
 //! and cohorts). When the replicas have URLs, batch mode's HTTP front
-//! ([`crate::front`]) listens too, with one engine probe task per replica.
+//! ([`crate::front`]) listens too, with one engine probe task per replica. With
+//! `[discovery]`, one task keeps the replica set from DNS and probes it
+//! ([`crate::discovery`]).
 //!
 //! Shutdown (SIGTERM or Ctrl-C) runs in two stages. First, for `drain_delay_ms`, everything
 //! keeps serving while the batcher tells its callers to go elsewhere: `/readyz` and the
@@ -88,6 +90,15 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         move |scrape: &mut Scrape<'_>| brain.write_metrics(scrape, clock.now_ms())
     }));
     let mut front_tasks = Vec::new();
+    if let Some(settings) = crate::discovery::Settings::from_config(&config)? {
+        let discovery = Arc::new(crate::discovery::Discovery::new(settings));
+        metrics.add(Arc::clone(&discovery) as _);
+        front_tasks.push(crate::discovery::spawn(
+            discovery,
+            Arc::clone(&brain) as _,
+            stop_rx.clone(),
+        ));
+    }
     let front = front.map(|(front, fleet, listener)| {
         metrics.add(Arc::clone(&front) as _);
         metrics.add(Arc::clone(&fleet) as _);

@@ -2,7 +2,7 @@
 //! headers (`x-cohort-shard`, `x-cohort-cluster`) and the `x-cohort` response header.
 //!
 //! Invariants: decoding is deterministic; an accepted reply's shard is a plain name, its
-//! cluster and reason empty or plain — so every header written from them is visible ASCII
+//! cluster and reason empty or plain, its endpoint empty or an `ip:port` — so every header written from them is visible ASCII
 //! and cannot inject another header; the accepted fields re-encoded read back the same.
 
 use crate::check::assert_visible_ascii;
@@ -27,6 +27,13 @@ pub fn assign_reply(data: &[u8]) {
             assert_visible_ascii(what, value);
         }
     }
+    if !assignment.endpoint.is_empty() {
+        assert!(
+            assignment.endpoint.parse::<std::net::SocketAddr>().is_ok(),
+            "{assignment:?}"
+        );
+        assert_visible_ascii("x-gateway-destination-endpoint", &assignment.endpoint);
+    }
     let response = format!(
         "mode=assign; cluster={}; shard={}",
         assignment.cluster, assignment.shard
@@ -44,6 +51,7 @@ pub fn assign_reply(data: &[u8]) {
             .iter()
             .map(|knob| knob.name().to_owned())
             .collect(),
+        endpoint: assignment.endpoint.clone(),
     }
     .encode_to_vec();
     assert_eq!(read_assign_reply(&encoded), Ok(assignment));

@@ -42,13 +42,14 @@ const BODY_LIMIT: usize = 1024 * 1024;
 const DEDICATED_APP: &str = "You are the billing assistant of Example Corp.";
 
 /// Headers only the filter may write (`HeaderNames::reserved` with the default names).
-const RESERVED: [&str; 8] = [
+const RESERVED: [&str; 9] = [
     "x-cohort-key",
     "x-cohort-prefix",
     "x-cohort-fp",
     "x-cohort-fp-version",
     "x-cohort-cluster",
     "x-cohort-shard",
+    "x-gateway-destination-endpoint",
     "x-cohort-batch",
     "x-cohort-bypass",
 ];

@@ -45,9 +45,11 @@ impl Policy {
     }
 
     /// Whether the replicas differ on `blocks` at `now_ms`: some holds more of its
-    /// leading blocks than another.
+    /// leading blocks than another (slots no replica holds do not count).
     pub fn prefix_prefers_a_replica(&self, blocks: &[u64], now_ms: u64) -> bool {
-        let mut matched = self.states.iter().map(|s| s.matched(blocks, now_ms));
+        let mut matched = (0..self.states.len())
+            .filter(|&r| self.health.present(r))
+            .map(|r| self.states[r].matched(blocks, now_ms));
         let first = matched.next().unwrap_or(0);
         matched.any(|m| m != first)
     }

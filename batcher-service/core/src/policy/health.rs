@@ -10,6 +10,11 @@
 //!
 //! When no replica is available, decisions use all of them: a request routed somewhere
 //! beats one refused (see [`super::Policy::choose`]).
+//!
+//! The replica set can change at runtime (engine discovery): a slot is *present* while
+//! its replica is in the set. A replica that joins is held out until its first probe
+//! answers (it is not *proven* yet, and even the all-down fallback skips it); a slot whose
+//! replica left is never chosen.
 
 /// How long a replica that answered 5xx is left out of decisions, ms.
 pub const ERROR_HOLD_MS: u64 = 5_000;
@@ -17,6 +22,8 @@ pub const ERROR_HOLD_MS: u64 = 5_000;
 /// Per replica: what says it should not be chosen.
 #[derive(Debug, Clone, Default)]
 pub struct Health {
+    present: Vec<bool>,
+    proven: Vec<bool>,
     probe_down: Vec<bool>,
     error_until_ms: Vec<u64>,
     error_at_ms: Vec<u64>,
@@ -25,15 +32,64 @@ pub struct Health {
 impl Health {
     pub fn new(replicas: usize) -> Health {
         Health {
+            present: vec![true; replicas],
+            proven: vec![true; replicas],
             probe_down: vec![false; replicas],
             error_until_ms: vec![0; replicas],
             error_at_ms: vec![0; replicas],
         }
     }
 
+    /// A replica joins at `slot` (growing the slots when it is new): present, held out
+    /// until its first probe answers, no error history.
+    pub fn join(&mut self, slot: usize) {
+        if slot >= self.present.len() {
+            let n = slot + 1;
+            self.present.resize(n, false);
+            self.proven.resize(n, false);
+            self.probe_down.resize(n, true);
+            self.error_until_ms.resize(n, 0);
+            self.error_at_ms.resize(n, 0);
+        }
+        self.present[slot] = true;
+        self.proven[slot] = false;
+        self.probe_down[slot] = true;
+        self.error_until_ms[slot] = 0;
+        self.error_at_ms[slot] = 0;
+    }
+
+    /// The replica at `slot` left the set: never chosen again until a replica joins there.
+    pub fn leave(&mut self, slot: usize) {
+        if let Some(present) = self.present.get_mut(slot) {
+            *present = false;
+            self.proven[slot] = false;
+            self.probe_down[slot] = true;
+        }
+    }
+
+    /// Whether `slot` holds a replica of the current set.
+    pub fn present(&self, slot: usize) -> bool {
+        self.present.get(slot).copied().unwrap_or(false)
+    }
+
+    /// Whether a decision at `now_ms` may use `replica`, given whether any replica is
+    /// available: an available one, or, when none is, any present replica whose probe
+    /// has answered once.
+    pub fn usable(&self, replica: usize, now_ms: u64, any_available: bool) -> bool {
+        self.available(replica, now_ms)
+            || (!any_available && self.present(replica) && self.proven[replica])
+    }
+
+    /// Whether any replica is usable at `now_ms`.
+    pub fn any_usable(&self, now_ms: u64) -> bool {
+        let any = self.any_available(now_ms);
+        (0..self.present.len()).any(|r| self.usable(r, now_ms, any))
+    }
+
     /// Whether decisions at `now_ms` may choose `replica` (false for an unknown one).
     pub fn available(&self, replica: usize, now_ms: u64) -> bool {
         replica < self.probe_down.len()
+            && self.present[replica]
             && !self.probe_down[replica]
             && now_ms >= self.error_until_ms[replica]
     }
@@ -47,6 +103,7 @@ impl Health {
     pub fn probe(&mut self, replica: usize, up: bool) {
         if let Some(down) = self.probe_down.get_mut(replica) {
             *down = !up;
+            self.proven[replica] |= up && self.present[replica];
         }
     }
 
@@ -84,6 +141,28 @@ mod tests {
         assert!(h.available(0, 0));
         h.probe(7, false);
         assert!(!h.available(7, 0));
+    }
+
+    #[test]
+    fn a_joined_replica_waits_for_its_first_probe_and_a_left_one_is_never_used() {
+        let mut h = Health::new(1);
+        h.join(2);
+        assert!(!h.present(1) && h.present(2));
+        assert!(!h.available(2, 0) && !h.usable(2, 0, true));
+        // All down: the fallback takes proven replicas only.
+        h.probe(0, false);
+        assert!(!h.any_available(0));
+        assert!(h.usable(0, 0, false) && !h.usable(2, 0, false) && !h.usable(1, 0, false));
+        h.probe(2, true);
+        assert!(h.available(2, 0));
+        h.leave(2);
+        assert!(!h.present(2) && !h.usable(2, 0, false));
+        // A probe of a slot nobody holds proves nothing.
+        h.probe(1, true);
+        assert!(!h.available(1, 0));
+        h.leave(0);
+        assert!(!h.any_usable(0));
+        h.leave(9);
     }
 
     #[test]

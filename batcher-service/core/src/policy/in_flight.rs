@@ -104,6 +104,21 @@ impl InFlight {
         }
     }
 
+    /// Empties `replica`'s slot (growing the book when it is new): its totals, its queue,
+    /// and every ticket open on it (a late report for one is then ignored).
+    pub fn reset_slot(&mut self, replica: usize) {
+        if replica >= self.replicas.len() {
+            self.replicas
+                .resize(replica + 1, ReplicaInFlight::default());
+            self.queues.resize(replica + 1, VecDeque::new());
+            self.head_since_ms.resize(replica + 1, 0);
+        }
+        self.replicas[replica] = ReplicaInFlight::default();
+        self.queues[replica].clear();
+        self.head_since_ms[replica] = 0;
+        self.tickets.retain(|_, t| t.replica != replica);
+    }
+
     /// Opens a ticket for `work` sent to `replica`; 0 when the book is full.
     pub fn open(&mut self, replica: usize, work: f64, now_ms: u64) -> u64 {
         if replica >= self.replicas.len() || self.tickets.len() >= self.max_tickets {

@@ -75,6 +75,12 @@
 //! - Load is measured in work (uncached prompt + decode estimate), not request count, so
 //!   a 100k-token prompt and a 100-token prompt do not weigh the same.
 //!
+//! The replica set can change at runtime (engine discovery): everything above is kept per
+//! *slot*. [`Policy::join`] gives a new replica the lowest free slot with fresh state, held
+//! out of decisions until its first probe answers; [`Policy::leave`] drops a slot's state
+//! (prefix residency, loads, open tickets, cohort ownership) and never chooses it again.
+//! Replicas that stay keep their slots and state, so a change costs nothing to the rest.
+//!
 //! No input panics: zero replicas is treated as one, out-of-range replica ids in reports
 //! are ignored, non-finite or sub-1 `balance` values are clamped.
 
@@ -186,6 +192,57 @@ impl Policy {
         self.states.len()
     }
 
+    /// Whether a decision at `now_ms` has a replica to choose: one present whose probe
+    /// has answered. Without one, a caller should not decide (the filter then routes by
+    /// key).
+    pub fn choosable(&self, now_ms: u64) -> bool {
+        self.health.any_usable(now_ms)
+    }
+
+    /// Whether `slot` holds a replica of the current set.
+    pub fn present(&self, slot: usize) -> bool {
+        self.health.present(slot)
+    }
+
+    /// A replica joins the set: it takes the lowest slot no replica holds, or a new one,
+    /// with fresh state (no prefix, no load, no tickets, no cohorts), and is not chosen
+    /// until its first probe answers ([`Policy::probe`]). Returns its slot.
+    pub fn join(&mut self) -> usize {
+        let slot = (0..self.states.len())
+            .find(|&r| !self.health.present(r))
+            .unwrap_or(self.states.len());
+        self.clear_slot(slot);
+        self.health.join(slot);
+        slot
+    }
+
+    /// The replica at `slot` left the set: it is never chosen again and its state is
+    /// dropped (prefix residency, load, open tickets, cohort ownership). Late progress
+    /// reports for its requests are ignored. Unknown or empty slots are ignored.
+    pub fn leave(&mut self, slot: usize) {
+        if !self.health.present(slot) {
+            return;
+        }
+        self.clear_slot(slot);
+        self.health.leave(slot);
+    }
+
+    /// Fresh state at `slot`, appending one when `slot` is the next.
+    fn clear_slot(&mut self, slot: usize) {
+        let fresh = PrefixState::new(self.config.blocks_per_replica);
+        if slot < self.states.len() {
+            self.states[slot] = fresh;
+            self.assigned[slot] = 0;
+            self.owners.forget(slot);
+        } else {
+            self.states.push(fresh);
+            self.assigned.push(0);
+            self.candidates.push(Candidate::default());
+        }
+        self.estimated.reset_slot(slot);
+        self.live.reset_slot(slot);
+    }
+
     /// The fleet's learnt prefill rate, work units (≈ prompt tokens) per ms: the mean of
     /// the replicas' rates from progress reports, or the configured default before any.
     pub fn prefill_rate_per_ms(&self) -> f64 {
@@ -230,7 +287,7 @@ impl Policy {
                 load: self.estimated.load(r, now),
                 prefill: uncached + base,
                 projected: 0.0,
-                usable: self.health.available(r, now) || !any_available,
+                usable: self.health.usable(r, now, any_available),
                 blocks_held: self.states[r].len(),
                 owner_rank: Owners::rank(owners, r),
                 similar_rank: u8::from(similar == Some(r)),
@@ -296,7 +353,13 @@ impl Policy {
                     b = Some(r);
                 }
             }
-            b.unwrap_or(start)
+            // Nothing usable (callers check [`Policy::choosable`]): a present slot if any.
+            b.or_else(|| {
+                (0..n)
+                    .map(|i| (start + i) % n)
+                    .find(|&r| self.health.present(r))
+            })
+            .unwrap_or(start)
         });
 
         let chosen = candidates[replica];

@@ -63,6 +63,26 @@ impl CohortOwners {
         self.owners.put(cohort, next);
     }
 
+    /// `replica` left: cohorts it served as secondary lose it, cohorts it served as primary
+    /// are served by their secondary, or forgotten when they had none.
+    pub fn forget(&mut self, replica: usize) {
+        let mut orphans = Vec::new();
+        for (&cohort, o) in self.owners.iter_mut() {
+            if o.secondary == Some(replica) {
+                o.secondary = None;
+            }
+            if o.primary == replica {
+                match o.secondary.take() {
+                    Some(next) => o.primary = next,
+                    None => orphans.push(cohort),
+                }
+            }
+        }
+        for cohort in orphans {
+            self.owners.pop(&cohort);
+        }
+    }
+
     /// Cohorts with a remembered owner.
     pub fn len(&self) -> usize {
         self.owners.len()
@@ -70,5 +90,27 @@ impl CohortOwners {
 
     pub fn is_empty(&self) -> bool {
         self.owners.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forgotten_replica_hands_its_cohorts_to_their_secondary() {
+        let mut o = CohortOwners::new(8);
+        o.placed(1, None, 0);
+        let first = o.get(1);
+        o.placed(1, first, 2);
+        o.placed(2, None, 0);
+        o.placed(3, None, 1);
+        let third = o.get(3);
+        o.placed(3, third, 0);
+        o.forget(0);
+        assert_eq!(o.get(1).map(|o| (o.primary, o.secondary)), Some((2, None)));
+        assert!(o.get(2).is_none());
+        assert_eq!(o.get(3).map(|o| (o.primary, o.secondary)), Some((1, None)));
+        assert_eq!(o.len(), 2);
     }
 }

@@ -20,6 +20,8 @@ pub struct ReplicaSnapshot {
     pub pending_work: f64,
     /// Whether decisions may choose it (health: probe up, no recent 5xx).
     pub available: bool,
+    /// Whether the slot holds a replica of the current set (engine discovery).
+    pub present: bool,
 }
 
 /// Metrics view of a [`Policy`].
@@ -51,6 +53,7 @@ impl Policy {
                     in_flight: in_flight.replica(r).in_flight,
                     pending_work: in_flight.replica(r).pending_work,
                     available: self.health.available(r, now_ms),
+                    present: self.health.present(r),
                 })
                 .collect(),
             reasons: self.reasons,

@@ -147,7 +147,8 @@ impl Brain {
                 hits
             }
         };
-        let similar = neighbours::vote(sketch, &hits, threshold, self.replicas.len());
+        let similar =
+            neighbours::vote(sketch, &hits, threshold, super::read(&self.members).slots());
         Lookup {
             cohort: membership.map(|m| m.cohort),
             similar,

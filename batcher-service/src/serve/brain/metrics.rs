@@ -16,11 +16,14 @@ impl Brain {
         let snapshot = lock(&self.policy).snapshot(now_ms);
         let store = self.store.stats();
         let cohorts = read(&self.cohorts).counters();
+        let held: Vec<(usize, String)> = read(&self.members)
+            .held()
+            .map(|(i, m)| (i, m.name.clone()))
+            .collect();
         let per_replica = |f: &dyn Fn(usize) -> f64| -> Vec<(String, f64)> {
-            self.replicas
-                .iter()
-                .enumerate()
-                .map(|(i, name)| (name.clone(), f(i)))
+            held.iter()
+                .filter(|(i, _)| *i < snapshot.replicas.len())
+                .map(|(i, name)| (name.clone(), f(*i)))
                 .collect()
         };
         scrape.counter(

@@ -20,7 +20,9 @@
 
 mod live;
 mod lookup;
+mod members;
 pub(crate) use lookup::space;
+pub use members::Member;
 mod metrics;
 mod report;
 #[cfg(test)]
@@ -50,6 +52,10 @@ use thiserror::Error;
 pub enum BrainError {
     #[error("the request has no fingerprint")]
     NoFingerprint,
+    /// No replica can be chosen yet (discovery found none, or none answered its probe):
+    /// answered `UNAVAILABLE`, so the filter routes by key.
+    #[error("no engine replica is known and answering yet")]
+    NoReplicas,
 }
 
 /// Replica index stored for fingerprints whose replica the batcher did not choose.
@@ -111,7 +117,9 @@ struct Counters {
 }
 
 pub struct Brain {
-    replicas: Vec<String>,
+    /// The replica each policy slot holds. Changed together with the policy (policy lock
+    /// first, then this one), so a decision's slot always names its replica.
+    members: RwLock<members::Members>,
     shard_index: u32,
     shard_count: u32,
     policy: Mutex<Policy>,
@@ -148,6 +156,22 @@ pub struct Brain {
     cost_model: cohort_score::cost::CostModel,
     /// The operator's knob defaults and bounds ([`Brain::knobs`]).
     knob_policy: KnobPolicy,
+}
+
+impl crate::discovery::Replicas for Brain {
+    fn set_replicas(&self, found: &[Member]) -> Vec<(usize, Member)> {
+        Brain::set_replicas(self, found)
+    }
+}
+
+/// A configured replica as a member. Static replicas are routed by their name (fixed
+/// routes on `x-cohort-shard`, whose retries may go to any replica), so they carry no
+/// endpoint: only discovered replicas are routed by `ip:port`.
+fn static_member(replica: &crate::config::Replica) -> Member {
+    Member {
+        name: replica.name.clone(),
+        endpoint: String::new(),
+    }
 }
 
 /// The 32 sketch values, if the fingerprint carries a sketch this batcher understands.
@@ -245,11 +269,18 @@ impl Brain {
                 (config.policy.kv_blocks_per_replica / shards).max(1),
             )
         };
+        let mut policy = Policy::new(policy);
+        if config.replicas.is_empty() {
+            // Replicas come from discovery: the policy's one default slot holds nobody.
+            policy.leave(0);
+        }
         Brain {
-            replicas: config.replicas.iter().map(|r| r.name.clone()).collect(),
+            members: RwLock::new(members::Members::new(
+                config.replicas.iter().map(static_member).collect(),
+            )),
             shard_index: config.shard_index,
             shard_count: config.shard_count,
-            policy: Mutex::new(Policy::new(policy)),
+            policy: Mutex::new(policy),
             burst_order: config.policy.burst_order,
             cohorts: RwLock::new(Cohorts::new(
                 Coalesced::new(stores.centroids),
@@ -315,6 +346,29 @@ impl Brain {
         })
     }
 
+    /// Makes `found` the replica set (engine discovery): replicas that stay keep their
+    /// slot and state, those gone are dropped from decisions at once, new ones join held
+    /// out until their first probe answers ([`crate::fleet::EngineEvents::engine_up`]).
+    /// Returns the set after the change, by slot.
+    pub fn set_replicas(&self, found: &[Member]) -> Vec<(usize, Member)> {
+        let mut policy = lock(&self.policy);
+        let mut members = write(&self.members);
+        let plan = members.plan(found);
+        for slot in plan.leave {
+            if let Some(gone) = members.get(slot) {
+                tracing::info!(replica = %gone.name, endpoint = %gone.endpoint, slot, "engine replica left");
+            }
+            policy.leave(slot);
+            members.vacate(slot);
+        }
+        for member in plan.join {
+            let slot = policy.join();
+            tracing::info!(replica = %member.name, endpoint = %member.endpoint, slot, "engine replica joined; used once a probe answers");
+            members.place(slot, member);
+        }
+        members.held().map(|(i, m)| (i, m.clone())).collect()
+    }
+
     /// The audit log the brain writes at Assign and on progress reports.
     pub fn audit(&self) -> Arc<AuditLog> {
         Arc::clone(&self.audit)
@@ -371,8 +425,11 @@ impl Brain {
             })
             .unwrap_or_default();
         let cohort = found.cohort;
-        let (choice, rate) = {
+        let (choice, rate, member) = {
             let mut policy = lock(&self.policy);
+            if !policy.choosable(now_ms) {
+                return Err(BrainError::NoReplicas);
+            }
             let choice = policy.choose(&RouteRequest {
                 blocks: &fp.blocks,
                 cohort,
@@ -382,12 +439,15 @@ impl Brain {
                 now_ms,
                 track: assign.reports_progress,
             });
-            (choice, policy.prefill_rate_per_ms())
+            let member = read(&self.members).get(choice.replica).cloned();
+            (choice, policy.prefill_rate_per_ms(), member)
         };
+        let member = member.ok_or(BrainError::NoReplicas)?;
         self.counters.assigns.fetch_add(1, Ordering::Relaxed);
         self.assign_seconds.observe(started.elapsed().as_secs_f64());
         let reply = pb::AssignReply {
-            shard: self.replicas[choice.replica].clone(),
+            shard: member.name,
+            endpoint: member.endpoint,
             cluster: cohort.map(|c| format!("{c:08x}")).unwrap_or_default(),
             matched_blocks: choice.matched_blocks as u32,
             reason: choice.reason.as_str().to_owned(),
@@ -484,10 +544,8 @@ impl Brain {
         let membership =
             write(&self.cohorts).observe(tenant, &sketch, knobs.batch_threshold, now_s);
         self.count_pivot(membership.cohort, &request.tenant);
-        let replica = self
-            .replicas
-            .iter()
-            .position(|r| *r == observation.shard)
+        let replica = read(&self.members)
+            .position(&observation.shard)
             .map_or(UNKNOWN_REPLICA, |i| i as u16);
         let key = fp.blocks.last().copied().unwrap_or(fp.key);
         self.keep_fingerprint(
@@ -629,6 +687,57 @@ mod tests {
             ..ServeConfig::default()
         };
         Arc::new(Brain::new(&config, Clock::start()))
+    }
+
+    #[test]
+    fn discovered_replicas_are_used_after_their_probe_and_answer_their_endpoint() {
+        use crate::fleet::EngineEvents;
+        let config = ServeConfig {
+            discovery: crate::config::DiscoverySection {
+                dns: Some("llm-engine.test".into()),
+                ..Default::default()
+            },
+            ..ServeConfig::default()
+        };
+        let brain = Brain::new(&config, Clock::start());
+        let request = pb::AssignRequest {
+            request: Some(pb::RequestInfo {
+                fingerprint: Some(fingerprint(vec![1, 2, 3], [3; 32])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(brain.assign(&request, 1_000), Err(BrainError::NoReplicas));
+        let member = |name: &str, endpoint: &str| Member {
+            name: name.into(),
+            endpoint: endpoint.into(),
+        };
+        let set = brain.set_replicas(&[member("llm-engine-0", "10.0.0.1:8000")]);
+        assert_eq!(set.len(), 1);
+        assert_eq!(
+            brain.assign(&request, 1_000),
+            Err(BrainError::NoReplicas),
+            "not yet probed"
+        );
+        brain.engine_up(set[0].0);
+        let reply = brain.assign(&request, 1_000).unwrap();
+        assert_eq!(reply.shard, "llm-engine-0");
+        assert_eq!(reply.endpoint, "10.0.0.1:8000");
+        // Another joins and the first leaves: every Assign goes to the newcomer once probed.
+        let set = brain.set_replicas(&[member("llm-engine-1", "10.0.0.2:8000")]);
+        assert_eq!(set.len(), 1);
+        brain.engine_up(set[0].0);
+        for i in 0..20u64 {
+            let mut r = request.clone();
+            if let Some(fp) = r.request.as_mut().and_then(|q| q.fingerprint.as_mut()) {
+                fp.blocks = vec![i, i + 100];
+            }
+            let reply = brain.assign(&r, 2_000 + i).unwrap();
+            assert_eq!(reply.endpoint, "10.0.0.2:8000");
+        }
+        let status = brain.status(3_000);
+        let names: Vec<&str> = status.replicas.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["llm-engine-1"]);
     }
 
     fn fingerprint(blocks: Vec<u64>, sketch: [i8; 32]) -> pb::Fingerprint {

@@ -75,12 +75,11 @@ impl Brain {
             assigns: self.counters.assigns.load(Ordering::Relaxed),
             cohorts: read(&self.cohorts).counters().live,
             store_entries: self.store.stats().entries,
-            replicas: self
-                .replicas
-                .iter()
-                .zip(&snapshot.replicas)
-                .map(|(name, r)| pb::ReplicaStatus {
-                    name: name.clone(),
+            replicas: read(&self.members)
+                .held()
+                .filter_map(|(i, m)| Some((m, snapshot.replicas.get(i)?)))
+                .map(|(m, r)| pb::ReplicaStatus {
+                    name: m.name.clone(),
                     load: r.load,
                     blocks: r.blocks_held as u64,
                     assigned: r.assigned,

@@ -52,6 +52,14 @@ impl EstimatedLoad {
         }
     }
 
+    /// Zeroes `replica`'s load (appending the slot when it is new).
+    pub fn reset_slot(&mut self, replica: usize) {
+        if replica >= self.loads.len() {
+            self.loads.resize(replica + 1, DecayingLoad::default());
+        }
+        self.loads[replica] = DecayingLoad::default();
+    }
+
     /// Work every request costs beyond its uncached prompt (non-finite: none).
     pub fn per_request_work(&self) -> f64 {
         if self.per_request_work.is_finite() {

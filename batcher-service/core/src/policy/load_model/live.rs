@@ -69,6 +69,20 @@ impl LiveLoad {
         }
     }
 
+    /// Empties `replica`'s slot (growing every per-replica list when it is new): no queue
+    /// report, no tickets, no learnt rate.
+    pub fn reset_slot(&mut self, replica: usize) {
+        if replica >= self.queued.len() {
+            self.queued.resize(replica + 1, None);
+            self.wait.resize(replica + 1, 0.0);
+            self.rate.resize(replica + 1, 1.0);
+        }
+        self.queued[replica] = None;
+        self.wait[replica] = 0.0;
+        self.rate[replica] = 1.0;
+        self.in_flight.reset_slot(replica);
+    }
+
     /// Whether a progress report came within the live window: decisions then use this
     /// model.
     pub fn is_live(&self, now_ms: u64) -> bool {
