@@ -103,7 +103,7 @@ impl HeaderNames {
     }
 
     /// Every name with its configuration key.
-    pub fn all(&self) -> [(&'static str, &str); 17] {
+    pub fn all(&self) -> [(&'static str, &str); 18] {
         [
             ("key", &self.key),
             ("prefix", &self.prefix),
