@@ -8,6 +8,7 @@
 //! - [`batcher`]: start `cohort serve`, read its `/metrics`, SIGTERM or SIGKILL it;
 //! - [`chromium`]: headless Chromium over the DevTools protocol, for the inspector page;
 //! - [`llama`]: a real llama.cpp `llama-server` replica (Gemma 3 270M);
+//! - [`dns`]: a real DNS server (dnsmasq) serving a headless Service's A and SRV records;
 //! - [`config`]: load `istio/envoy/*.yaml` and point it at test ports and the built filter;
 //! - [`client`]: a minimal HTTP/1.1 client over a raw socket, so tests control every byte;
 //! - [`h2`]: an HTTP/2 cleartext (prior knowledge) client with raw header values and paced bodies.
@@ -20,6 +21,7 @@ pub mod batcher;
 pub mod chromium;
 pub mod client;
 pub mod config;
+pub mod dns;
 pub mod envoy;
 pub mod h2;
 pub mod llama;

@@ -23,7 +23,7 @@
 //! min_shared = 0.5                # joins a batch only sharing ≥ half its prompt with the leader
 //!
 //! [discovery]                     # replicas from DNS instead of [[replicas]] (assign mode)
-//! dns = "llm-engine-headless.llm.svc.cluster.local"   # the engines' headless Service
+//! dns = "llm-engine-pods.llm.svc.cluster.local"   # the engines' headless Service
 //! port_name = "http"              # SRV _http._tcp.<dns>: pod names and ports ("": A only)
 //! port = 8000                     # the engines' port when port_name = ""
 //! resolver = "10.96.0.10:53"      # default: the first nameserver of /etc/resolv.conf
@@ -301,7 +301,7 @@ mod tests {
     #[test]
     fn discovery_replaces_the_static_list_and_is_checked() {
         let mut a = args(&[]);
-        a.discovery_dns = Some("llm-engine-headless.llm.svc.cluster.local".into());
+        a.discovery_dns = Some("llm-engine-pods.llm.svc.cluster.local".into());
         a.discovery_resolver = Some("10.96.0.10:53".parse().unwrap());
         a.discovery_interval_s = Some(2);
         a.discovery_engine = Some(EngineKind::Vllm);

@@ -151,7 +151,7 @@ impl Default for PrefetchSection {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DiscoverySection {
-    /// The Service's DNS name (`llm-engine-headless.llm.svc.cluster.local`); unset: no
+    /// The Service's DNS name (`llm-engine-pods.llm.svc.cluster.local`); unset: no
     /// discovery.
     pub dns: Option<String>,
     /// The Service's named port: replicas come from the SRV records

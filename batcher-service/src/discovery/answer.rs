@@ -2,7 +2,7 @@
 //!
 //! - SRV (`_<port_name>._tcp.<service>`): one replica per record; its name is the first
 //!   label of the record's target (a StatefulSet pod's stable name, `llm-engine-0` from
-//!   `llm-engine-0.llm-engine-headless.llm.svc.cluster.local`; for pods without a
+//!   `llm-engine-0.llm-engine-pods.llm.svc.cluster.local`; for pods without a
 //!   hostname Kubernetes names the target by the dashed address, `10-1-2-3`), its
 //!   endpoint the target's address on the record's port.
 //! - A only (no port name): one replica per address, named by the address itself.

@@ -9,12 +9,15 @@
 //!   default arguments read the file the manifests mount;
 //! - for the assign overlay (and batch and gpu, which ship their own file or arguments), the
 //!   batcher in the image answers its readiness probe (`/readyz`) and an Assign over gRPC
-//!   with one of the replicas the configuration names.
+//!   with one of the replicas the configuration names: for assign and gpu, which discover
+//!   the engines from their headless Service, one of the pods a real DNS server (dnsmasq,
+//!   serving the shipped Service name) lists, with that pod's `ip:port` as the endpoint.
 //!
 //! Needs `scripts/setup` (umoci, bubblewrap, kubectl) and the `cohort` binary (built by
 //! `cargo test --workspace`).
 
 use cohort_proto::{AssignReply, AssignRequest, Fingerprint, Message, RequestInfo};
+use cohort_tests::dns::{engine_pods, Dnsmasq};
 use cohort_tests::manifests::{batcher_config, find, render};
 use cohort_tests::{
     client, eventually, free_port, h2, port_was_taken, with_port_retries, workspace,
@@ -101,13 +104,13 @@ fn kubernetes_argv(image: &Value, container: &Value) -> Vec<String> {
     argv
 }
 
-/// `shipped` with its listen addresses on free loopback ports and every replica url at a
-/// loopback port where nothing listens. That is the only change: the test shares this
-/// machine's network with every other test, so the fixed ports the manifests use (50051,
-/// 9464, 8000, on 0.0.0.0) could be taken, and the replicas' cluster DNS names
-/// (`*.svc.cluster.local`) do not resolve here. Returns the changed file and the gRPC and
-/// HTTP ports.
-fn adapt(shipped: &str) -> (String, u16, u16) {
+/// `shipped` with its listen addresses on free loopback ports, every static replica url at a
+/// loopback port where nothing listens, and discovery asking `resolver` (the test's DNS
+/// server, which serves the shipped Service name). That is the only change: the test shares
+/// this machine's network with every other test, so the fixed ports the manifests use
+/// (50051, 9464, 8000, on 0.0.0.0) could be taken, and the cluster's DNS (kube-dns, in the
+/// pod's /etc/resolv.conf) is not here. Returns the changed file and the gRPC and HTTP ports.
+fn adapt(shipped: &str, resolver: Option<&str>) -> (String, u16, u16) {
     let mut config: toml::Table = shipped.parse().expect("the shipped cohort.toml is TOML");
     let (grpc, http) = (free_port(), free_port());
     config.insert("grpc_listen".into(), format!("127.0.0.1:{grpc}").into());
@@ -115,7 +118,14 @@ fn adapt(shipped: &str) -> (String, u16, u16) {
     if let Some(batch) = config.get_mut("batch").and_then(|b| b.as_table_mut()) {
         batch.insert("listen".into(), format!("127.0.0.1:{}", free_port()).into());
     }
-    for replica in config["replicas"].as_array_mut().expect("[[replicas]]") {
+    if let (Some(discovery), Some(resolver)) = (
+        config.get_mut("discovery").and_then(|d| d.as_table_mut()),
+        resolver,
+    ) {
+        discovery.insert("resolver".into(), resolver.into());
+    }
+    let replicas = config.get_mut("replicas").and_then(|r| r.as_array_mut());
+    for replica in replicas.into_iter().flatten() {
         let replica = replica.as_table_mut().unwrap();
         if replica.contains_key("url") {
             replica.insert(
@@ -209,7 +219,7 @@ impl Run<'_> {
 
 /// One Assign as the filter sends it (cohort.v1.Batcher/Assign over h2c, a gRPC frame of
 /// the prost message), and the batcher's reply.
-fn assign(port: u16) -> AssignReply {
+fn try_assign(port: u16) -> Result<AssignReply, String> {
     let request = AssignRequest {
         request: Some(RequestInfo {
             fingerprint: Some(Fingerprint {
@@ -248,19 +258,20 @@ fn assign(port: u16) -> AssignReply {
     )
     .expect("the Assign call completes");
     assert_eq!(response.status, 200);
-    assert!(
-        response.header("grpc-status").is_none_or(|s| s == "0"),
-        "grpc-status {:?}: {:?}",
-        response.header("grpc-status"),
-        response.header("grpc-message")
-    );
+    if response.header("grpc-status").is_some_and(|s| s != "0") {
+        return Err(format!(
+            "grpc-status {:?}: {:?}",
+            response.header("grpc-status"),
+            response.header("grpc-message")
+        ));
+    }
     let body = &response.body;
     assert!(
         body.len() >= 5 && body[0] == 0,
         "not one gRPC frame: {body:?}"
     );
     let length = u32::from_be_bytes(body[1..5].try_into().unwrap()) as usize;
-    AssignReply::decode(&body[5..5 + length]).expect("an AssignReply")
+    Ok(AssignReply::decode(&body[5..5 + length]).expect("an AssignReply"))
 }
 
 #[test]
@@ -304,6 +315,18 @@ fn the_image_runs_the_shipped_configuration_as_non_root_and_answers() {
         assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{overlay}");
 
         let (path, shipped) = batcher_config(&objects);
+        let toml: toml::Table = shipped.parse().unwrap();
+        // A configuration that discovers its replicas gets them from a real DNS server
+        // serving the shipped Service name: three engine pods answering probes.
+        let discovery = toml.get("discovery").map(|d| {
+            let service = d["dns"].as_str().expect("discovery.dns").to_owned();
+            let port_name = d["port_name"].as_str().unwrap_or("http").to_owned();
+            let (pods, engines, port) =
+                engine_pods(&["llm-engine-0", "llm-engine-1", "llm-engine-2"]);
+            let dns = Dnsmasq::start(&service, &port_name, port, &pods);
+            (pods, engines, port, dns)
+        });
+        let resolver = discovery.as_ref().map(|(_, _, _, dns)| dns.address());
         let (mount, file) = path.rsplit_once('/').unwrap();
         let config_dir = dir.join(format!("config-{overlay}"));
         std::fs::create_dir_all(&config_dir).unwrap();
@@ -326,7 +349,7 @@ fn the_image_runs_the_shipped_configuration_as_non_root_and_answers() {
 
         let what = format!("{overlay}: cohort serve in the image");
         let (sandbox, grpc) = with_port_retries(&what, |_| {
-            let (adapted, grpc, http) = adapt(&shipped);
+            let (adapted, grpc, http) = adapt(&shipped, resolver.as_deref());
             std::fs::write(config_dir.join(file), adapted).unwrap();
             for path in [&config_dir, &config_dir.join(file)] {
                 let mode = if path.is_dir() { "755" } else { "644" };
@@ -357,19 +380,46 @@ fn the_image_runs_the_shipped_configuration_as_non_root_and_answers() {
                 _ => panic!("{overlay}: /readyz not 200 in 20 s:\n{log}"),
             }
         });
-        let reply = assign(grpc);
-        let toml: toml::Table = shipped.parse().unwrap();
-        let names: Vec<&str> = toml["replicas"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["name"].as_str().unwrap())
-            .collect();
-        assert!(
-            names.contains(&reply.shard.as_str()),
-            "{overlay}: assigned {:?}, not one of {names:?}",
-            reply.shard
-        );
+        let reply = match &discovery {
+            // A discovered replica is chosen from its first good probe: until then the
+            // batcher answers UNAVAILABLE (and the filter routes by key).
+            Some((pods, _, port, _)) => {
+                let mut reply = None;
+                let answered = eventually(Duration::from_secs(15), || {
+                    reply = try_assign(grpc).ok();
+                    reply.is_some()
+                });
+                assert!(
+                    answered,
+                    "{overlay}: no Assign answer with discovered replicas:\n{}",
+                    sandbox.log()
+                );
+                let reply = reply.unwrap();
+                let pod = pods
+                    .iter()
+                    .find(|p| p.name == reply.shard)
+                    .unwrap_or_else(|| {
+                        panic!("{overlay}: assigned {:?}, not a pod in DNS", reply.shard)
+                    });
+                assert_eq!(reply.endpoint, format!("{}:{port}", pod.ip), "{overlay}");
+                reply
+            }
+            None => {
+                let reply = try_assign(grpc).unwrap_or_else(|e| panic!("{overlay}: {e}"));
+                let names: Vec<&str> = toml["replicas"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["name"].as_str().unwrap())
+                    .collect();
+                assert!(
+                    names.contains(&reply.shard.as_str()),
+                    "{overlay}: assigned {:?}, not one of {names:?}",
+                    reply.shard
+                );
+                reply
+            }
+        };
         let log = sandbox.log();
         assert!(log.contains("shard=1 shards=2"), "{overlay}: {log}");
         if overlay == "gpu" {

@@ -29,6 +29,7 @@
 
 use cohort_fingerprint::headers::HeaderNames;
 use cohort_tests::batcher::{Batcher, BatcherSpec};
+use cohort_tests::dns::{Dnsmasq, Pod};
 use cohort_tests::envoy::Envoy;
 use cohort_tests::load::{self, Plan};
 use cohort_tests::manifests;
@@ -36,8 +37,6 @@ use cohort_tests::upstream::Upstream;
 use cohort_tests::{config, eventually, free_port, one_at_a_time, stays, with_port_retries};
 use serde_yaml::Value;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -57,110 +56,18 @@ const PODS: [(&str, [u8; 4]); 3] = [
     ("llm-engine-2", [127, 0, 0, 4]),
 ];
 
-/// A dnsmasq serving the pods' A and SRV records from files, on a free loopback port.
-struct Dnsmasq {
-    child: Option<Child>,
-    dir: PathBuf,
-    port: u16,
-    engine_port: u16,
+/// A dnsmasq serving [`SERVICE`]'s records for the pods at indexes `pods` of [`PODS`].
+fn dnsmasq(engine_port: u16, pods: &[usize]) -> Dnsmasq {
+    Dnsmasq::start(SERVICE, "http", engine_port, &pod_list(pods))
 }
 
-impl Dnsmasq {
-    fn start(engine_port: u16, pods: &[usize]) -> Dnsmasq {
-        with_port_retries("dnsmasq", |_| {
-            let port = free_port();
-            let dir = std::env::temp_dir().join(format!("cohort-dnsmasq-{port}"));
-            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-            let mut dns = Dnsmasq {
-                child: None,
-                dir,
-                port,
-                engine_port,
-            };
-            dns.serve(pods).map(|()| dns)
+fn pod_list(pods: &[usize]) -> Vec<Pod<'static>> {
+    pods.iter()
+        .map(|&i| Pod {
+            name: PODS[i].0,
+            ip: PODS[i].1.into(),
         })
-    }
-
-    /// Writes the records of `pods` and (re)starts the server: SRV records come from the
-    /// configuration file, which dnsmasq reads only at start.
-    fn serve(&mut self, pods: &[usize]) -> Result<(), String> {
-        self.stop();
-        let mut hosts = String::new();
-        let mut conf = String::new();
-        for &i in pods {
-            let (name, ip) = PODS[i];
-            let ip = std::net::Ipv4Addr::from(ip);
-            hosts += &format!("{ip} {SERVICE} {name}.{SERVICE}\n");
-            conf += &format!(
-                "srv-host=_http._tcp.{SERVICE},{name}.{SERVICE},{}\n",
-                self.engine_port
-            );
-        }
-        let (hosts_file, conf_file) = (self.dir.join("hosts"), self.dir.join("dnsmasq.conf"));
-        std::fs::write(&hosts_file, hosts).map_err(|e| e.to_string())?;
-        std::fs::write(&conf_file, conf).map_err(|e| e.to_string())?;
-        let log = self.dir.join("dnsmasq.log");
-        let child = Command::new("/usr/sbin/dnsmasq")
-            .arg("--keep-in-foreground")
-            .args(["--no-resolv", "--no-hosts", "--bind-interfaces"])
-            .args(["--listen-address=127.0.0.1", "--pid-file=", "--user=root"])
-            .arg(format!("--port={}", self.port))
-            .arg(format!("--addn-hosts={}", hosts_file.display()))
-            .arg(format!("--conf-file={}", conf_file.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).map_err(|e| e.to_string())?)
-            .spawn()
-            .map_err(|e| format!("start /usr/sbin/dnsmasq: {e}"))?;
-        self.child = Some(child);
-        // Ready when it answers; gone early when its port was taken.
-        let answering = eventually(Duration::from_secs(5), || {
-            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
-                return true;
-            }
-            asks_a(self.port)
-        });
-        if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-            self.child = None;
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            return Err(format!("dnsmasq exited with {status}: {text}"));
-        }
-        assert!(answering, "dnsmasq does not answer on {}", self.port);
-        Ok(())
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Dnsmasq {
-    fn drop(&mut self) {
-        self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Whether a DNS server on loopback `port` answers an A question for [`SERVICE`].
-fn asks_a(port: u16) -> bool {
-    let Ok(socket) = std::net::UdpSocket::bind("127.0.0.1:0") else {
-        return false;
-    };
-    let _ = socket.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut query = vec![0x4c, 0x11, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
-    for label in SERVICE.split('.') {
-        query.push(label.len() as u8);
-        query.extend_from_slice(label.as_bytes());
-    }
-    query.extend_from_slice(&[0, 0, 1, 0, 1]);
-    let mut buf = [0u8; 512];
-    socket.send_to(&query, ("127.0.0.1", port)).is_ok()
-        && socket
-            .recv(&mut buf)
-            .is_ok_and(|n| n >= 12 && buf[..2] == query[..2])
+        .collect()
 }
 
 /// `istio/envoy/assign.yaml` for one batcher, with `all-replicas` following [`SERVICE`]
@@ -314,7 +221,7 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
     let leaving = std::sync::Mutex::new(Some(engines.remove(1)));
     let (e0, e2) = (&engines[0], &engines[1]);
 
-    let mut dns = Dnsmasq::start(engine_port, &[0, 1]);
+    let mut dns = dnsmasq(engine_port, &[0, 1]);
     let batcher = Batcher::start(BatcherSpec {
         grpc_port: free_port(),
         http_port: free_port(),
@@ -373,7 +280,7 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
         std::thread::sleep(Duration::from_secs(10).saturating_sub(started.elapsed()));
         // From the moment the records start changing (Envoy may see them first).
         let joined_at = Instant::now();
-        dns.serve(&[0, 1, 2]).unwrap();
+        dns.serve(&pod_list(&[0, 1, 2])).unwrap();
         assert!(
             eventually(INTERVAL * 5, || served(e2, 2)),
             "the new replica receives requests at its endpoint:\n{}",
@@ -393,7 +300,7 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
         // A replica leaves: first out of DNS, then stopped after the interval and a drain.
         std::thread::sleep(Duration::from_secs(30).saturating_sub(started.elapsed()));
         let left_at = Instant::now();
-        dns.serve(&[0, 2]).unwrap();
+        dns.serve(&pod_list(&[0, 2])).unwrap();
         // Deliberate window: the documented interval plus the drain, under load.
         std::thread::sleep(INTERVAL + DRAIN);
         let removed = leaving.lock().unwrap().take().expect("still running");

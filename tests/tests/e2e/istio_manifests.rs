@@ -628,26 +628,76 @@ fn check_batcher_wiring(dir: &str, mode: Mode) -> Vec<Value> {
         );
     }
 
-    // Every replica the batcher may answer has a route to its own subset, and every subset
-    // selects that replica's pod.
-    let replicas = replica_names(&toml);
     let virtual_service = find(&objects, "VirtualService", "llm-engine");
     let destination_rule = find(&objects, "DestinationRule", "llm-engine");
     let routes = header_routes(virtual_service, "x-cohort-shard");
-    let routed: Vec<&str> = routes.iter().map(|(value, _)| value.as_str()).collect();
-    assert_eq!(routed, replicas, "{dir}: x-cohort-shard routes");
-    for (replica, destination) in &routes {
-        assert_eq!(destination["subset"], replica.as_str(), "{dir}");
-        let subset = destination_rule["spec"]["subsets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["name"] == replica.as_str())
-            .unwrap_or_else(|| panic!("{dir}: no subset {replica}"));
-        assert_eq!(
-            subset["labels"]["statefulset.kubernetes.io/pod-name"],
-            replica.as_str()
+    if let Some(discovery) = toml.get("discovery") {
+        // Replicas from the engines' headless Service: the batcher answers each chosen
+        // replica's ip:port, the filter writes it in its endpoint header, and the engines'
+        // cluster routes on that header (override_host), so no replica needs a subset or a
+        // route of its own, and one added by scaling is reachable.
+        assert!(
+            toml.get("replicas").is_none(),
+            "{dir}: discovery or a static list"
         );
+        assert!(
+            routes.is_empty(),
+            "{dir}: per-replica routes beside discovery"
+        );
+        let dns = discovery["dns"].as_str().expect("discovery.dns");
+        assert!(
+            dns.ends_with(&format!(
+                ".{}.svc.cluster.local",
+                envoy_filter["metadata"]["namespace"].as_str().unwrap()
+            )),
+            "{dir}: {dns} is a Service in the overlay's namespace"
+        );
+        assert!(
+            !discovery["port_name"].as_str().unwrap_or("http").is_empty(),
+            "{dir}: SRV records (through a named port) give each pod's stable name"
+        );
+        let endpoint = find(&objects, "EnvoyFilter", "cohort-engine-endpoint");
+        let patch = &endpoint["spec"]["configPatches"][0];
+        let engines = format!(
+            "{}.{}.svc.cluster.local",
+            virtual_service["spec"]["hosts"][0].as_str().unwrap(),
+            virtual_service["metadata"]["namespace"].as_str().unwrap()
+        );
+        assert_eq!(
+            patch["match"]["cluster"]["service"],
+            engines.as_str(),
+            "{dir}"
+        );
+        let policy = &patch["patch"]["value"]["load_balancing_policy"]["policies"][0]
+            ["typed_extension_config"];
+        assert_eq!(
+            policy["name"],
+            "envoy.load_balancing_policies.override_host"
+        );
+        assert_eq!(
+            policy["typed_config"]["override_host_sources"][0]["header"],
+            config.headers.endpoint.as_str(),
+            "{dir}: the header the filter writes"
+        );
+    } else {
+        // A static list: every replica the batcher may answer has a route to its own
+        // subset, and every subset selects that replica's pod.
+        let replicas = replica_names(&toml);
+        let routed: Vec<&str> = routes.iter().map(|(value, _)| value.as_str()).collect();
+        assert_eq!(routed, replicas, "{dir}: x-cohort-shard routes");
+        for (replica, destination) in &routes {
+            assert_eq!(destination["subset"], replica.as_str(), "{dir}");
+            let subset = destination_rule["spec"]["subsets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["name"] == replica.as_str())
+                .unwrap_or_else(|| panic!("{dir}: no subset {replica}"));
+            assert_eq!(
+                subset["labels"]["statefulset.kubernetes.io/pod-name"],
+                replica.as_str()
+            );
+        }
     }
     // The last route takes everything else, consistent-hashed on x-cohort-key.
     let last = virtual_service["spec"]["http"]
@@ -702,21 +752,34 @@ fn batch_overlay_sends_marked_requests_to_their_shards_front() {
 
 #[test]
 fn the_overlays_batcher_configs_differ_only_where_they_must() {
-    // batch/cohort.toml replaces batcher/cohort.toml whole: it must be the same file plus a
-    // url and an engine per replica, so a setting changed in one is not lost in the other.
-    let strip = |mut config: toml::Table| {
-        for replica in config["replicas"].as_array_mut().unwrap() {
-            let replica = replica.as_table_mut().unwrap();
-            replica.remove("url");
-            replica.remove("engine");
-        }
-        config
-    };
+    // batch/cohort.toml replaces batcher/cohort.toml whole: it must be the same file with a
+    // static list of the pods the discovery would find (their stable DNS names under the
+    // same headless Service, with the discovered engine) in place of the discovery, so a
+    // setting changed in one is not lost in the other.
     let assign = batcher_toml(&render("assign"));
     let batch = batcher_toml(&render("batch"));
     assert_eq!(assign, batcher_toml(&render("batcher")));
-    assert_eq!(strip(batch.clone()), assign);
-    assert_ne!(batch, assign, "batch mode gives the replicas urls");
+    let discovery = assign["discovery"]
+        .as_table()
+        .expect("assign mode discovers its replicas");
+    let dns = discovery["dns"].as_str().unwrap();
+    let replicas = batch["replicas"]
+        .as_array()
+        .expect("batch mode lists its replicas");
+    assert!(!replicas.is_empty());
+    for replica in replicas {
+        let name = replica["name"].as_str().unwrap();
+        let url = replica["url"].as_str().unwrap();
+        assert!(
+            url.starts_with(&format!("http://{name}.{dns}:")),
+            "{url}: the pod {name} under {dns}"
+        );
+        assert_eq!(replica["engine"], discovery["engine"], "{name}");
+    }
+    let (mut assign_rest, mut batch_rest) = (assign.clone(), batch.clone());
+    assign_rest.remove("discovery");
+    batch_rest.remove("replicas");
+    assert_eq!(assign_rest, batch_rest);
     // The GPU overlay runs assign's file; only its arguments change the store.
     assert_eq!(batcher_toml(&render("gpu")), assign);
 }
@@ -1724,7 +1787,10 @@ fn every_routed_subset_exists_in_a_destination_rule() {
                 }
             }
         }
-        assert!(routed > 0, "{origin}: no subset routes");
+        // Assign mode routes on the endpoint header, not on subsets.
+        if !matches!(origin, "assign" | "gpu") {
+            assert!(routed > 0, "{origin}: no subset routes");
+        }
     }
 }
 
