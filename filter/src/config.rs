@@ -192,6 +192,8 @@ pub enum ConfigError {
     BatcherClusters(Vec<String>),
     #[error("mode {0} needs at least one entry in batcher_clusters")]
     NoBatcher(&'static str),
+    #[error(transparent)]
+    BatcherTarget(#[from] crate::grpc_target::TargetTooLong),
     #[error("{field} must be between {min} and {max}, got {value}")]
     OutOfRangeF {
         field: &'static str,
@@ -264,6 +266,9 @@ impl FilterConfig {
         }
         if self.mode != Mode::Affinity && clusters.is_empty() {
             return Err(ConfigError::NoBatcher(self.mode.as_str()));
+        }
+        for cluster in clusters {
+            crate::grpc_target::grpc_target(cluster)?;
         }
         self.headers.validate(&self.tenant_header)?;
         self.knobs.validate()?;
@@ -425,6 +430,11 @@ mod tests {
         assert!(err("not json").contains("not valid JSON"));
         assert!(err(r#"{"batcher_clusters":["a","a"]}"#).contains("distinct"));
         assert!(err(r#"{"mode":"assign","batcher_clusters":[]}"#).contains("needs at least one"));
+        let long = format!(
+            r#"{{"mode":"assign","batcher_clusters":["outbound|50051||b.{}.svc.cluster.local"]}}"#,
+            "n".repeat(100)
+        );
+        assert!(err(&long).contains("too long"));
         assert!(err(r#"{"rollout":{"share":1.5}}"#).contains("rollout.share must be between"));
         assert!(err(r#"{"rollout":{"key_header":"X-User"}}"#).contains("key_header"));
         assert!(err(r#"{"rollout":{"key_header":"x-cohort-key"}}"#).contains("key_header"));

@@ -8,6 +8,8 @@
 //! - [`decision`]: what to do with a request, as pure functions (tested natively);
 //! - [`batcher`]: the `cohort.v1` messages, shard choice, what an `Assign` answer becomes
 //!   (headers, fallback, counter) and the observation outbox (pure);
+//! - [`grpc_target`]: the target of the gRPC calls to a batcher shard (an Istio cluster
+//!   name gets a valid authority);
 //! - [`knob_effect`]: which client knob acts in which mode, and which a request set for
 //!   nothing (`x-cohort-ignored`);
 //! - [`rollout`]: the sampled share of users Cohort acts on, and the hold-out (pure);
@@ -27,6 +29,7 @@ pub mod batcher;
 pub mod breaker;
 pub mod config;
 pub mod decision;
+pub mod grpc_target;
 pub mod knob_effect;
 pub mod rollout;
 

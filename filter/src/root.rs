@@ -18,6 +18,7 @@
 use crate::batcher::{Closed, Flush, Outbox};
 use crate::breaker::{self, Breaker};
 use crate::config::FilterConfig;
+use crate::grpc_target::grpc_target;
 use crate::http::CohortHttp;
 use crate::shared::{unix_ms, BreakerLocal, Shared};
 use crate::stats::{Sampler, Stats};
@@ -70,8 +71,10 @@ impl CohortRoot {
         match flush {
             Flush::Idle => {}
             Flush::Open => {
+                // Validated with the configuration.
+                let target = grpc_target(cluster).unwrap_or_else(|_| cluster.to_owned());
                 match hostcalls::open_grpc_stream(
-                    cluster,
+                    &target,
                     pb::SERVICE,
                     pb::METHOD_OBSERVE,
                     Vec::new(),

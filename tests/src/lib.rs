@@ -6,6 +6,7 @@
 //!   `--use-dynamic-base-id`, wait until ready, read admin stats, stop it by pid;
 //! - [`upstream`]: HTTP/1.1 and HTTP/2 servers that record every request they receive;
 //! - [`batcher`]: start `cohort serve`, read its `/metrics`, SIGTERM or SIGKILL it;
+//! - [`engine_sim`]: `cohort engine-sim` as one engine pod on a loopback address;
 //! - [`chromium`]: headless Chromium over the DevTools protocol, for the inspector page;
 //! - [`llama`]: a real llama.cpp `llama-server` replica (Gemma 3 270M);
 //! - [`dns`]: a real DNS server (dnsmasq) serving a headless Service's A and SRV records;
@@ -22,6 +23,7 @@ pub mod chromium;
 pub mod client;
 pub mod config;
 pub mod dns;
+pub mod engine_sim;
 pub mod envoy;
 pub mod h2;
 pub mod llama;

@@ -25,6 +25,7 @@ mod envoy_filter;
 mod inspector_ui;
 mod istio_manifests;
 mod knob_table;
+mod mesh_rehearsal;
 mod rollout_breaker;
 mod shipped_breaker;
 mod soak;
