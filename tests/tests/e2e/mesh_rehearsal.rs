@@ -448,8 +448,8 @@ fn the_rendered_assign_overlay_routes_through_envoy_the_batcher_and_discovered_e
     }
     let mut by_key: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
     for turn in 0..3 {
-        for app in 0..4 {
-            let response = ask(&mut connection, app, 10 + turn, &treated[app]);
+        for (app, session) in treated.iter().enumerate().take(4) {
+            let response = ask(&mut connection, app, 10 + turn, session);
             assert_eq!(response.status, 200, "{}", response.text());
             let verdict = response.header("x-cohort").unwrap();
             assert!(
