@@ -144,14 +144,28 @@ fn istio_endpoint_policy() -> serde_json::Value {
     let patch = &manifests::find(&objects, "EnvoyFilter", "cohort-engine-endpoint")["spec"]
         ["configPatches"][0];
     assert_eq!(patch["applyTo"], "CLUSTER");
-    let engines = manifests::find(&objects, "EnvoyFilter", "cohort")["spec"]["configPatches"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["applyTo"] == "CLUSTER")
-        .expect("the base EnvoyFilter patches the engines' cluster")["match"]
-        .clone();
-    assert_eq!(patch["match"], engines, "the same cluster");
+    let cluster_patches = |objects: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        manifests::find(objects, "EnvoyFilter", "cohort")["spec"]["configPatches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["applyTo"] == "CLUSTER")
+            .cloned()
+            .collect()
+    };
+    // The base overlay's bounded-load patch names the engines' cluster; assign mode drops
+    // it (Envoy refuses it beside a load_balancing_policy) and sets its own there.
+    let base = cluster_patches(&manifests::render("base"));
+    assert_eq!(
+        base.len(),
+        1,
+        "the base EnvoyFilter patches the engines' cluster"
+    );
+    assert!(
+        cluster_patches(&objects).is_empty(),
+        "assign drops the base's cluster patch"
+    );
+    assert_eq!(patch["match"], base[0]["match"], "the same cluster");
     let policy = patch["patch"]["value"]["load_balancing_policy"].clone();
     assert_eq!(
         override_host_header(&policy).as_deref(),
