@@ -109,13 +109,28 @@ pub fn stays(window: std::time::Duration, mut check: impl FnMut() -> bool) -> bo
     check()
 }
 
+/// The machine as the tests share it: a test that takes all of it holds it alone
+/// ([`one_at_a_time`]); tests under a long, bounded load whose checks do not measure
+/// latency may hold it together ([`under_load_together`]).
+static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 /// Serialises the tests that take the whole machine (load at saturation, real engines,
 /// latency claims): hold the guard for the test's duration. The end-to-end tests are one
 /// test binary, so this serialises them across every module; tests otherwise run in
 /// parallel, one per core.
-pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    ONE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+pub fn one_at_a_time() -> std::sync::RwLockWriteGuard<'static, ()> {
+    MACHINE
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// For the tests that hold a stated load for a long window (a minute of DNS changes, the
+/// breaker's cool-down) and check outcomes, windows of seconds and state, not latency: they
+/// run beside each other, never beside a test that holds the machine alone.
+pub fn under_load_together() -> std::sync::RwLockReadGuard<'static, ()> {
+    MACHINE
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The `p`-quantile (0–1) of `values`: the value at rank `(n - 1) · p`, rounded, after

@@ -34,7 +34,7 @@ use cohort_tests::envoy::Envoy;
 use cohort_tests::load::{self, Plan};
 use cohort_tests::manifests;
 use cohort_tests::upstream::Upstream;
-use cohort_tests::{config, eventually, free_port, one_at_a_time, stays, with_port_retries};
+use cohort_tests::{config, eventually, free_port, stays, under_load_together, with_port_retries};
 use serde_yaml::Value;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -217,7 +217,9 @@ fn misrouted(
 
 #[test]
 fn replicas_join_and_leave_through_dns_with_no_failed_request() {
-    let _whole_machine = one_at_a_time();
+    // A light load (two clients) for a minute; the checks are outcomes and windows of
+    // seconds, so it may run beside the other long load tests.
+    let _machine = under_load_together();
     // One port for every engine, each on its own loopback address.
     let mut engines: Vec<Upstream> = with_port_retries("engines", |_| {
         let port = free_port();

@@ -420,7 +420,6 @@ fn the_shipped_relative_rule_opens_on_cohort_latency(overlay: &str) {
 /// Runs `scenario` on every overlay at once, each on its own stack (200 requests/s each):
 /// the three runs take the time of one, and a panic names its overlay.
 fn on_every_overlay(scenario: fn(&str)) {
-    let _serial = cohort_tests::one_at_a_time();
     std::thread::scope(|scope| {
         for overlay in manifests::MODE_OVERLAYS {
             scope.spawn(move || scenario(overlay));
@@ -430,11 +429,16 @@ fn on_every_overlay(scenario: fn(&str)) {
 
 #[test]
 fn the_relative_rule_opens_on_cohort_latency_in_every_overlay() {
+    // The latency rule under test: alone on the machine.
+    let _machine = cohort_tests::one_at_a_time();
     on_every_overlay(the_shipped_relative_rule_opens_on_cohort_latency);
 }
 
 #[test]
 fn the_breaker_trips_by_each_rule_and_recovers_in_every_overlay() {
+    // A minute of the shipped windows under load, judged on 5xx and state: beside the other
+    // long load tests, never beside one that holds the machine alone.
+    let _machine = cohort_tests::under_load_together();
     assert_eq!(
         manifests::filter_config(&manifests::render("gpu")),
         manifests::filter_config(&manifests::render("assign")),
