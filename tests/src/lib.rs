@@ -114,23 +114,83 @@ pub fn stays(window: std::time::Duration, mut check: impl FnMut() -> bool) -> bo
 /// latency may hold it together ([`under_load_together`]).
 static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
+/// A test's hold on the machine, released when dropped. With `COHORT_MACHINE_LOG=FILE`, each
+/// hold appends to FILE how long its test waited for it and held it, to find the tests that
+/// make the run's critical path.
+pub struct MachineGuard {
+    _hold: Hold,
+    since: std::time::Instant,
+    kind: &'static str,
+}
+
+/// The lock guard a [`MachineGuard`] keeps alive.
+enum Hold {
+    Alone(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>),
+    Together(#[allow(dead_code)] std::sync::RwLockReadGuard<'static, ()>),
+}
+
+impl MachineGuard {
+    fn new(hold: Hold, asked: std::time::Instant, kind: &'static str) -> MachineGuard {
+        let since = std::time::Instant::now();
+        machine_log(format_args!(
+            "{} {kind} after waiting {:.1} s",
+            std::thread::current().name().unwrap_or("?"),
+            (since - asked).as_secs_f64()
+        ));
+        MachineGuard {
+            _hold: hold,
+            since,
+            kind,
+        }
+    }
+}
+
+impl Drop for MachineGuard {
+    fn drop(&mut self) {
+        machine_log(format_args!(
+            "{} held it {} for {:.1} s",
+            std::thread::current().name().unwrap_or("?"),
+            self.kind,
+            self.since.elapsed().as_secs_f64()
+        ));
+    }
+}
+
+/// Appends a line to the file `COHORT_MACHINE_LOG` names, if it names one.
+fn machine_log(line: std::fmt::Arguments) {
+    use std::io::Write;
+    if let Some(path) = std::env::var_os("COHORT_MACHINE_LOG") {
+        if let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(file, "{line}");
+        }
+    }
+}
+
 /// Serialises the tests that take the whole machine (load at saturation, real engines,
 /// latency claims): hold the guard for the test's duration. The end-to-end tests are one
 /// test binary, so this serialises them across every module; tests otherwise run in
 /// parallel, one per core.
-pub fn one_at_a_time() -> std::sync::RwLockWriteGuard<'static, ()> {
-    MACHINE
+pub fn one_at_a_time() -> MachineGuard {
+    let asked = std::time::Instant::now();
+    let hold = MACHINE
         .write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    MachineGuard::new(Hold::Alone(hold), asked, "alone")
 }
 
 /// For the tests that hold a stated load for a long window (a minute of DNS changes, the
 /// breaker's cool-down) and check outcomes, windows of seconds and state, not latency: they
 /// run beside each other, never beside a test that holds the machine alone.
-pub fn under_load_together() -> std::sync::RwLockReadGuard<'static, ()> {
-    MACHINE
+pub fn under_load_together() -> MachineGuard {
+    let asked = std::time::Instant::now();
+    let hold = MACHINE
         .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    MachineGuard::new(Hold::Together(hold), asked, "together")
 }
 
 /// The `p`-quantile (0–1) of `values`: the value at rank `(n - 1) · p`, rounded, after

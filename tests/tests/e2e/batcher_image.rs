@@ -1,5 +1,6 @@
 //! The batcher's OCI image as the manifests deploy it: `scripts/build-oci batcher` packs the
-//! `cohort` binary this test runs with into a temporary image layout, `umoci raw unpack`
+//! release `cohort` binary (the one the image ships; the test's own where there is none)
+//! into a temporary image layout, `umoci raw unpack`
 //! turns it into a root filesystem, and bubblewrap runs it the way Kubernetes would run the
 //! rendered StatefulSet's container: the image's entrypoint with the container's args, as
 //! the image's non-root user, the rootfs read-only, the overlay's rendered ConfigMap mounted
@@ -274,6 +275,17 @@ fn try_assign(port: u16) -> Result<AssignReply, String> {
     Ok(AssignReply::decode(&body[5..5 + length]).expect("an AssignReply"))
 }
 
+/// The binary the image ships: the release build `scripts/setup` makes (and `scripts/test`
+/// refreshes before the tests), else the one the tests run.
+fn shipped_binary() -> PathBuf {
+    let release = workspace().join("target/release/cohort");
+    if release.exists() {
+        release
+    } else {
+        cohort_tests::batcher::binary()
+    }
+}
+
 #[test]
 fn the_image_runs_the_shipped_configuration_as_non_root_and_answers() {
     let dir = std::env::temp_dir().join(format!("cohort-image-{}", std::process::id()));
@@ -281,7 +293,7 @@ fn the_image_runs_the_shipped_configuration_as_non_root_and_answers() {
     std::fs::create_dir_all(&dir).unwrap();
     let layout = dir.join("layout");
     let rootfs = dir.join("rootfs");
-    let image = build_image(&cohort_tests::batcher::binary(), &layout);
+    let image = build_image(&shipped_binary(), &layout);
 
     // The image config: a non-root user, `cohort serve`, reading the mounted file.
     let user = image["User"].as_str().expect("a User");
