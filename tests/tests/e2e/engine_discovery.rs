@@ -217,9 +217,8 @@ fn misrouted(
 
 #[test]
 fn replicas_join_and_leave_through_dns_with_no_failed_request() {
-    // A light load (two clients) for a minute; the checks are outcomes and windows of
-    // seconds, so it may run beside the other long load tests.
-    let _machine = under_load_together();
+    // A light load (two clients, under 40 requests/s) for a minute, judged on outcomes and
+    // windows of seconds: it holds no part of the machine and runs beside the other tests.
     // One port for every engine, each on its own loopback address.
     let mut engines: Vec<Upstream> = with_port_retries("engines", |_| {
         let port = free_port();

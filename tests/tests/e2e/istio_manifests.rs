@@ -1625,20 +1625,7 @@ fn the_envoy_filters_wasm_config_routes_requests_in_envoy() {
     let config = envoy_with(serde_yaml::to_value(&resource).unwrap(), &upstream);
     let envoy = Envoy::start(&config);
 
-    // A session of the shipped rollout's treated share (the other 5% is the hold-out,
-    // forwarded untouched).
-    let shipped = FilterConfig::parse(
-        resource["typed_config"]["value"]["config"]["configuration"]["value"]
-            .as_str()
-            .unwrap()
-            .as_bytes(),
-    )
-    .unwrap();
-    let salt = cohort_fingerprint::TenantSalt::new(shipped.salt_secret.as_bytes(), None);
-    let session = (0..)
-        .map(|i| format!("session-{i}"))
-        .find(|s| cohort_filter::rollout::bucket(salt, s) < shipped.rollout.treated_buckets())
-        .unwrap();
+    let (shipped, session) = treated_session(&resource);
     let response = post_json(
         envoy.listen_port,
         "/v1/chat/completions",
@@ -1661,6 +1648,24 @@ fn the_envoy_filters_wasm_config_routes_requests_in_envoy() {
     );
 }
 
+/// The filter configuration inside an EnvoyFilter's Wasm resource, and a session of its
+/// rollout's treated share (the other 5% is the hold-out, forwarded untouched).
+fn treated_session(resource: &Value) -> (FilterConfig, String) {
+    let shipped = FilterConfig::parse(
+        resource["typed_config"]["value"]["config"]["configuration"]["value"]
+            .as_str()
+            .unwrap()
+            .as_bytes(),
+    )
+    .unwrap();
+    let salt = cohort_fingerprint::TenantSalt::new(shipped.salt_secret.as_bytes(), None);
+    let session = (0..)
+        .map(|i| format!("session-{i}"))
+        .find(|s| cohort_filter::rollout::bucket(salt, s) < shipped.rollout.treated_buckets())
+        .unwrap();
+    (shipped, session)
+}
+
 #[test]
 fn without_allow_on_headers_stop_iteration_requests_stall() {
     // What a WasmPlugin gives Envoy today (Istio has no field for the flag): the same Wasm
@@ -1681,10 +1686,12 @@ fn without_allow_on_headers_stop_iteration_requests_stall() {
         ["request_timeout"] = "2s".into();
     let envoy = Envoy::start(&config);
 
+    // A treated user: the filter holds the headers for the body it never gets.
+    let (shipped, session) = treated_session(&resource);
     let response = post_json(
         envoy.listen_port,
         "/v1/chat/completions",
-        &[],
+        &[(shipped.rollout_key_header(), &session)],
         &chat_request(),
     );
     assert_ne!(response.status, 200, "{}", envoy.log());
