@@ -34,7 +34,7 @@ use cohort_tests::envoy::Envoy;
 use cohort_tests::load::{self, Plan};
 use cohort_tests::manifests;
 use cohort_tests::upstream::Upstream;
-use cohort_tests::{config, eventually, free_port, stays, under_load_together, with_port_retries};
+use cohort_tests::{config, eventually, free_port, stays, with_port_retries};
 use serde_yaml::Value;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
