@@ -19,7 +19,6 @@ use crate::batcher::{self, AssignCounter, AssignFallback, AssignOutcome};
 use crate::breaker::{self, Group};
 use crate::config::{FilterConfig, Mode};
 use crate::decision::{self, reason, Admission, HeadersVerdict, RequestPlan, Routing};
-use crate::grpc_target::grpc_target;
 use crate::knob_effect::{self, Knob};
 use crate::learned_table::SharedTable;
 use crate::shared::{unix_ms, Shared};
@@ -305,11 +304,8 @@ impl CohortHttp {
                 reports_progress,
             );
             let message = prost::Message::encode_to_vec(&request);
-            let cluster = &config.batcher_clusters[index];
-            // Validated with the configuration.
-            let target = grpc_target(cluster).unwrap_or_else(|_| cluster.clone());
             match hostcalls::dispatch_grpc_call(
-                &target,
+                &shared.batcher_targets[index],
                 pb::SERVICE,
                 pb::METHOD_ASSIGN,
                 Vec::new(),

@@ -54,6 +54,7 @@ impl Default for CohortRoot {
                 outbox: RefCell::new(Outbox::new(0)),
                 breaker: RefCell::new(BreakerLocal::default()),
                 learned_key: String::new(),
+                batcher_targets: Vec::new(),
             }),
         }
     }
@@ -65,16 +66,14 @@ impl CohortRoot {
     }
 
     /// One tick of one shard: open its stream, or send what is queued.
-    fn flush_shard(&self, shard: usize, cluster: &str) {
+    fn flush_shard(&self, shard: usize, cluster: &str, target: &str) {
         let now = self.now_ms();
         let flush = self.shared.outbox.borrow_mut().flush(shard, now);
         match flush {
             Flush::Idle => {}
             Flush::Open => {
-                // Validated with the configuration.
-                let target = grpc_target(cluster).unwrap_or_else(|_| cluster.to_owned());
                 match hostcalls::open_grpc_stream(
-                    &target,
+                    target,
                     pb::SERVICE,
                     pb::METHOD_OBSERVE,
                     Vec::new(),
@@ -203,8 +202,12 @@ impl RootContext for CohortRoot {
         let Ok(config) = &self.shared.config else {
             return;
         };
-        for (shard, cluster) in config.batcher_clusters.iter().enumerate() {
-            self.flush_shard(shard, cluster);
+        let shards = config
+            .batcher_clusters
+            .iter()
+            .zip(&self.shared.batcher_targets);
+        for (shard, (cluster, target)) in shards.enumerate() {
+            self.flush_shard(shard, cluster, target);
         }
         if config.breaker_judges() {
             self.sync_breaker(config, self.now_ms());
@@ -260,6 +263,13 @@ impl RootContext for CohortRoot {
             crate::learned_table::create(&learned_key);
         }
         let sample_every = config.as_ref().map_or(1, |c| c.histogram_sample_every);
+        // Validated with the configuration, so the name itself is only a formality.
+        let batcher_targets = config.as_ref().map_or(Vec::new(), |c| {
+            c.batcher_clusters
+                .iter()
+                .map(|cluster| grpc_target(cluster).unwrap_or_else(|_| cluster.clone()))
+                .collect()
+        });
         self.shared = Rc::new(Shared {
             config,
             stats,
@@ -267,6 +277,7 @@ impl RootContext for CohortRoot {
             outbox: RefCell::new(Outbox::new(shards)),
             breaker: RefCell::new(breaker),
             learned_key,
+            batcher_targets,
         });
         // Returning true even for an invalid configuration keeps the listener serving.
         true

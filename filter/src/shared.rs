@@ -1,6 +1,6 @@
 //! What the root context hands every HTTP context of its VM ([`Shared`]): the
-//! configuration, the stats, the observation outbox, this VM's side of the breaker and the
-//! learned table's key; and the host clock in Unix milliseconds ([`unix_ms`]).
+//! configuration, the stats, the observation outbox, this VM's side of the breaker, the
+//! learned table's key and the batcher shards' gRPC targets; and the host clock in Unix milliseconds ([`unix_ms`]).
 //!
 //! `root` builds it (once per configuration) and `http` reads it; neither needs the other
 //! for it.
@@ -38,6 +38,9 @@ pub struct Shared {
     pub breaker: RefCell<BreakerLocal>,
     /// The shared-data key of the learned cohorts' table (one per plugin).
     pub learned_key: String,
+    /// The gRPC call target of each batcher shard, as `batcher_clusters` lists them
+    /// ([`crate::grpc_target`]), worked out once per configuration.
+    pub batcher_targets: Vec<String>,
 }
 
 /// Milliseconds since the Unix epoch from the host's clock.
