@@ -251,3 +251,15 @@ fn read_response(reader: &mut impl BufRead) -> std::io::Result<Response> {
         body,
     })
 }
+
+/// What the `x-cohort` response header says of a request: `routed` when Cohort routed it,
+/// the bypass reason when it passed through (`holdout`, `breaker_open`, ...), else
+/// `unknown: …`.
+pub fn verdict(header: Option<&str>) -> String {
+    let header = header.unwrap_or("");
+    match header.split("bypass=").nth(1) {
+        Some(reason) => reason.trim().to_owned(),
+        None if header.contains("cluster=") => "routed".to_owned(),
+        None => format!("unknown: {header:?}"),
+    }
+}

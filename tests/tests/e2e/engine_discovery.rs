@@ -70,6 +70,27 @@ fn pod_list(pods: &[usize]) -> Vec<Pod<'static>> {
         .collect()
 }
 
+/// One `cohort serve` shard learning [`SERVICE`]'s replicas from the DNS server on loopback
+/// `dns_port`, every `interval`.
+fn discovering_batcher(dns_port: u16, interval: Duration) -> Batcher {
+    Batcher::start(BatcherSpec {
+        grpc_port: free_port(),
+        http_port: free_port(),
+        replicas: Vec::new(),
+        shard_index: 0,
+        shard_count: 1,
+        front_port: None,
+        extra_args: vec![
+            "--discovery-dns".into(),
+            SERVICE.into(),
+            "--discovery-resolver".into(),
+            format!("127.0.0.1:{dns_port}"),
+            "--discovery-interval-s".into(),
+            interval.as_secs().to_string(),
+        ],
+    })
+}
+
 /// `istio/envoy/assign.yaml` for one batcher, with `all-replicas` following [`SERVICE`]
 /// through the test's DNS server.
 fn envoy_config(grpc_port: u16, dns_port: u16, engine_port: u16) -> Value {
@@ -237,22 +258,7 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
     let (e0, e2) = (&engines[0], &engines[1]);
 
     let mut dns = dnsmasq(engine_port, &[0, 1]);
-    let batcher = Batcher::start(BatcherSpec {
-        grpc_port: free_port(),
-        http_port: free_port(),
-        replicas: Vec::new(),
-        shard_index: 0,
-        shard_count: 1,
-        front_port: None,
-        extra_args: vec![
-            "--discovery-dns".into(),
-            SERVICE.into(),
-            "--discovery-resolver".into(),
-            format!("127.0.0.1:{}", dns.port),
-            "--discovery-interval-s".into(),
-            INTERVAL.as_secs().to_string(),
-        ],
-    });
+    let batcher = discovering_batcher(dns.port, INTERVAL);
     assert!(
         eventually(Duration::from_secs(10), || batcher
             .metric("cohort_discovery_replicas")
@@ -488,22 +494,7 @@ fn hostile_dns_answers_never_crash_the_batcher() {
                 }
             }
         });
-        let batcher = Batcher::start(BatcherSpec {
-            grpc_port: free_port(),
-            http_port: free_port(),
-            replicas: Vec::new(),
-            shard_index: 0,
-            shard_count: 1,
-            front_port: None,
-            extra_args: vec![
-                "--discovery-dns".into(),
-                SERVICE.into(),
-                "--discovery-resolver".into(),
-                format!("127.0.0.1:{port}"),
-                "--discovery-interval-s".into(),
-                "1".into(),
-            ],
-        });
+        let batcher = discovering_batcher(port, Duration::from_secs(1));
         // Every kind of answer several times over, and the batcher still serves.
         let failures = || batcher.metric("cohort_discovery_resolve_failures_total");
         let answered = eventually(Duration::from_secs(30), || failures() >= 10.0);

@@ -264,6 +264,16 @@ fn ask(
     turn: usize,
     session: &str,
 ) -> cohort_tests::client::Response {
+    ask_with(connection, app, turn, &[("x-cohort-session", session)])
+}
+
+/// [`ask`] with the given request headers.
+fn ask_with(
+    connection: &mut Connection,
+    app: usize,
+    turn: usize,
+    headers: &[(&str, &str)],
+) -> cohort_tests::client::Response {
     let body = serde_json::to_vec(&json!({
         "model": "sim-model",
         "max_tokens": 2,
@@ -274,7 +284,7 @@ fn ask(
     }))
     .unwrap();
     connection
-        .post_json(CHAT, &[("x-cohort-session", session)], &body)
+        .post_json(CHAT, headers, &body)
         .expect("Envoy answers")
 }
 
@@ -374,8 +384,8 @@ fn the_rendered_assign_overlay_routes_through_envoy_the_batcher_and_discovered_e
         let session = format!("user-{user}");
         let response = ask(&mut connection, 100 + user, 0, &session);
         assert_eq!(response.status, 200);
-        let verdict = response.header("x-cohort").unwrap_or("").to_owned();
-        if verdict.contains("bypass=holdout") {
+        let verdict = cohort_tests::client::verdict(response.header("x-cohort"));
+        if verdict == "holdout" {
             held_out += 1;
             assert!(
                 response.header(SEEN_KEY).unwrap_or("").is_empty(),
@@ -440,6 +450,25 @@ fn the_rendered_assign_overlay_routes_through_envoy_the_batcher_and_discovered_e
         "rehearsal: {} treated / {held_out} held out of 80 users; homes {homes:?}; {cached_repeats} of 20 repeats cached ({:?} since Envoy started)",
         treated.len(),
         started.elapsed()
+    );
+
+    // Knobs as shipped: a batcher that discovers its replicas has no front, so it says that
+    // nothing warms or predicts, and the caller is told which knobs did nothing.
+    let response = ask_with(
+        &mut connection,
+        0,
+        7,
+        &[
+            ("x-cohort-session", &treated[0]),
+            ("x-cohort-prefetch", "high"),
+        ],
+    );
+    assert_eq!(response.status, 200);
+    assert_eq!(
+        response.header("x-cohort-ignored"),
+        Some("prefetch,session"),
+        "{:?}",
+        response.header("x-cohort")
     );
 
     // Fail open: with every batcher shard gone, requests are still served, routed by key.

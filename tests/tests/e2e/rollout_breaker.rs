@@ -11,6 +11,7 @@
 //!   through Cohort, and once the fault clears it probes and closes. Each test prints its
 //!   timeline: requests, errors and the breaker state per half second.
 
+use cohort_tests::client::verdict;
 use cohort_tests::client::Connection;
 use cohort_tests::config::{self, set_endpoints, set_filter};
 use cohort_tests::envoy::Envoy;
@@ -30,16 +31,6 @@ fn chat(user: &str) -> Vec<u8> {
         "messages": [{"role": "user", "content": user}],
     }))
     .unwrap()
-}
-
-/// The `x-cohort` response header's verdict: `routed`, or the bypass reason.
-fn verdict(header: Option<&str>) -> String {
-    let header = header.unwrap_or("");
-    match header.split("bypass=").nth(1) {
-        Some(reason) => reason.trim().to_owned(),
-        None if header.contains("cluster=") => "routed".to_owned(),
-        None => format!("unknown: {header:?}"),
-    }
 }
 
 #[test]

@@ -37,6 +37,7 @@
 //! each sending one request every 320 ms: 200 requests/s offered, so the 5% hold-out gets
 //! some 100 requests in the 10 s window (`min_requests` is 20).
 
+use cohort_tests::client::verdict;
 use cohort_tests::client::Connection;
 use cohort_tests::config::set_endpoints;
 use cohort_tests::manifests;
@@ -149,16 +150,6 @@ fn set_fault(stack: &Stack, key: &str, percent: u32) {
     let response =
         cohort_tests::client::request(stack.envoy.admin_port, "POST", &path, &[], b"").unwrap();
     assert_eq!(response.status, 200, "{}", response.text());
-}
-
-/// The `x-cohort` response header's verdict: `routed`, or the bypass reason.
-fn verdict(header: Option<&str>) -> String {
-    let header = header.unwrap_or("");
-    match header.split("bypass=").nth(1) {
-        Some(reason) => reason.trim().to_owned(),
-        None if header.contains("cluster=") => "routed".to_owned(),
-        None => format!("unknown: {header:?}"),
-    }
 }
 
 /// One request's fate.
