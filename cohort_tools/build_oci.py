@@ -18,7 +18,7 @@ config, a manifest and index.json. The same inputs always give the same manifest
 
     scripts/build-oci                     # both: target/oci/cohort-filter/, target/oci/cohort/
     scripts/build-oci filter --wasm PATH --out DIR --tag TAG
-    scripts/build-oci batcher --pin       # and write its digest into istio/batcher/kustomization.yaml
+    scripts/build-oci batcher --pin       # and write its digest into istio/image/kustomization.yaml
     scripts/build-oci batcher --binary target/release/cohort --lib /path/libnvrtc.so.13 \\
         --lib /path/libnvrtc-builtins.so.13.0 --name cohort-cuda --pin istio/gpu/kustomization.yaml
 
@@ -65,7 +65,7 @@ ETC = {
 # ELF e_machine → OCI architecture.
 ARCHITECTURES = {62: "amd64", 183: "arm64"}
 # The kustomization the batcher image is pinned in by default.
-KUSTOMIZATION = ROOT / "istio/batcher/kustomization.yaml"
+KUSTOMIZATION = ROOT / "istio/image/kustomization.yaml"
 
 
 def workspace_version():
@@ -306,7 +306,7 @@ def main():
     parser.add_argument("--tag", default=None, help="image tag (default: the workspace version)")
     parser.add_argument("--pin", type=pathlib.Path, nargs="?", const=KUSTOMIZATION, default=None,
                         metavar="KUSTOMIZATION", help="batcher: write its digest into the images: "
-                        "entry of KUSTOMIZATION (default istio/batcher/kustomization.yaml)")
+                        "entry of KUSTOMIZATION (default istio/image/kustomization.yaml)")
     args = parser.parse_args()
     images = args.images or ["filter", "batcher"]
     if not set(images) <= {"filter", "batcher"}:

@@ -4,9 +4,9 @@
 //! Tests that run "what ships" start from here: [`render`] an overlay (`base`, `assign`,
 //! `batch`, ...; [`OVERLAYS`]) or an example file on its own ([`render_file`]), then take
 //! from the objects what a component needs, such as the filter's configuration inside the
-//! EnvoyFilter ([`filter_config`]), the batcher's `cohort.toml` as its pod mounts it
-//! ([`batcher_config`]) or a container's environment ([`container_env`]). No test keeps a
-//! copy of a shipped configuration.
+//! EnvoyFilter ([`filter_config`]), the `cohort.toml` the batcher's pod mounts
+//! ([`batcher_config`]) or the endpoint picker's ([`picker_config`]), or a container's
+//! environment ([`container_env`]). No test keeps a copy of a shipped configuration.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -19,7 +19,14 @@ pub fn kubectl() -> PathBuf {
 
 /// The overlays a cluster applies (`kubectl apply -k istio/<overlay>`), each rendered and
 /// checked by the tests.
-pub const OVERLAYS: [&str; 5] = ["base", "batcher", "assign", "batch", "gpu"];
+pub const OVERLAYS: [&str; 6] = [
+    "base",
+    "batcher",
+    "assign",
+    "batch",
+    "gpu",
+    "inference-pool",
+];
 
 /// The overlays that each ship a filter configuration of their own, one per mode (`gpu`
 /// ships `assign`'s: it changes only the batcher).
@@ -111,12 +118,24 @@ pub fn filter_config(objects: &[Value]) -> String {
 /// StatefulSet `cohort-batcher`'s container, found in the ConfigMap the pod mounts at that
 /// file's directory. Returns the path and the file's text.
 pub fn batcher_config(objects: &[Value]) -> (String, String) {
-    let batcher = find(objects, "StatefulSet", "cohort-batcher");
-    let pod = &batcher["spec"]["template"]["spec"];
+    mounted_config(objects, "StatefulSet", "cohort-batcher")
+}
+
+/// The configuration file the rendered endpoint picker reads (the Deployment
+/// `cohort-picker` of `istio/inference-pool`), as [`batcher_config`] finds it.
+pub fn picker_config(objects: &[Value]) -> (String, String) {
+    mounted_config(objects, "Deployment", "cohort-picker")
+}
+
+/// The file named by the `--config` argument of the first container of workload
+/// `kind`/`name`, found in the ConfigMap its pod mounts at that file's directory.
+fn mounted_config(objects: &[Value], kind: &str, name: &str) -> (String, String) {
+    let workload = find(objects, kind, name);
+    let pod = &workload["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
     let args: Vec<&str> = container["args"]
         .as_array()
-        .expect("the batcher container's args")
+        .unwrap_or_else(|| panic!("{kind} {name}: the container's args"))
         .iter()
         .filter_map(Value::as_str)
         .collect();
@@ -124,26 +143,26 @@ pub fn batcher_config(objects: &[Value]) -> (String, String) {
         .windows(2)
         .find(|pair| pair[0] == "--config")
         .map(|pair| pair[1])
-        .expect("the batcher container's args name --config");
+        .unwrap_or_else(|| panic!("{kind} {name}: the container's args name --config"));
     let (dir, file) = path.rsplit_once('/').expect("an absolute path");
     let mount = container["volumeMounts"]
         .as_array()
         .into_iter()
         .flatten()
         .find(|m| m["mountPath"] == dir)
-        .unwrap_or_else(|| panic!("nothing is mounted at {dir}"));
+        .unwrap_or_else(|| panic!("{kind} {name}: nothing is mounted at {dir}"));
     let volume = pod["volumes"]
         .as_array()
         .into_iter()
         .flatten()
         .find(|v| v["name"] == mount["name"])
-        .unwrap_or_else(|| panic!("no volume {}", mount["name"]));
-    let name = volume["configMap"]["name"]
+        .unwrap_or_else(|| panic!("{kind} {name}: no volume {}", mount["name"]));
+    let config_map = volume["configMap"]["name"]
         .as_str()
         .expect("the config volume is a ConfigMap");
-    let text = find(objects, "ConfigMap", name)["data"][file]
+    let text = find(objects, "ConfigMap", config_map)["data"][file]
         .as_str()
-        .unwrap_or_else(|| panic!("ConfigMap {name} has no {file}"));
+        .unwrap_or_else(|| panic!("ConfigMap {config_map} has no {file}"));
     (path.to_owned(), text.to_owned())
 }
 
@@ -170,6 +189,13 @@ mod tests {
         let (path, text) = batcher_config(&render("assign"));
         assert_eq!(path, "/etc/cohort/cohort.toml");
         assert!(text.contains("shard_count = 2"), "{text}");
+    }
+
+    #[test]
+    fn the_inference_pool_overlay_mounts_the_picker_config_it_ships() {
+        let (path, text) = picker_config(&render("inference-pool"));
+        assert_eq!(path, "/etc/cohort/cohort.toml");
+        assert!(text.contains("[picker]"), "{text}");
     }
 
     #[test]

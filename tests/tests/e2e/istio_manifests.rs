@@ -5,17 +5,20 @@
 //!
 //! - Istio kinds: the OpenAPI schemas of Istio's own CRDs (`data/istio/istio-crds.gen.yaml`),
 //!   made strict: an object schema that lists `properties` and does not say
-//!   `x-kubernetes-preserve-unknown-fields` refuses any other property.
+//!   `x-kubernetes-preserve-unknown-fields` refuses any other property. The Gateway API's
+//!   InferencePool and HTTPRoute: their CRDs (`data/gateway-api/`), made strict the same way.
 //! - Kubernetes kinds (StatefulSet, Deployment, Service, PodDisruptionBudget, ConfigMap):
-//!   Kubernetes' own schemas, strict variant (`data/kubernetes/`). Kustomization: a
-//!   hand-written schema of the kustomize fields (no published schema is available offline).
+//!   Kubernetes' own schemas, strict variant (`data/kubernetes/`). Kustomization and
+//!   Component: a hand-written schema of the kustomize fields (no published schema is
+//!   available offline).
 //! - The filter configuration inside every EnvoyFilter and WasmPlugin: parsed by the filter's
 //!   own `FilterConfig::parse`; the Wasm settings match `istio/envoy/affinity.yaml`.
-//! - Every overlay (`base`, `batcher`, `assign`, `batch`, `gpu`) is rendered by real kustomize
-//!   (`kubectl kustomize`, [`cohort_tests::manifests`]), and every example on its own (they
-//!   are alternatives: two WasmPlugins `cohort`, two VirtualServices `llm-engine`, which one
-//!   kustomization could not hold); what it renders is validated again and cross-checked
-//!   (shards, Services, subsets, routes, the batcher's mounted cohort.toml, the GPU overlay).
+//! - Every overlay (`base`, `batcher`, `assign`, `batch`, `gpu`, `inference-pool`) is
+//!   rendered by real kustomize (`kubectl kustomize`, [`cohort_tests::manifests`]), and every
+//!   example on its own (they are alternatives: two WasmPlugins `cohort`, two VirtualServices
+//!   `llm-engine`, which one kustomization could not hold); what it renders is validated
+//!   again and cross-checked (shards, Services, subsets, routes, the batcher's mounted
+//!   cohort.toml, the GPU overlay, the InferencePool with its route, picker and discovery).
 //! - Planted errors (a wrong field name, a bad enum value, a wrong type, ...) in a copy of a
 //!   source file must fail after rendering; a broken overlay patch makes kustomize fail.
 //! - `scripts/build-oci` writes a well-formed OCI image layout holding the built filter (the
@@ -27,7 +30,9 @@ use cohort_tests::client::post_json;
 use cohort_tests::config as cohort_config;
 use cohort_tests::envoy::Envoy;
 use cohort_tests::free_port;
-use cohort_tests::manifests::{batcher_config, render, render_dir, render_file, OVERLAYS};
+use cohort_tests::manifests::{
+    batcher_config, picker_config, render, render_dir, render_file, OVERLAYS,
+};
 use cohort_tests::upstream::Upstream;
 use jsonschema::{Draft, Validator};
 use serde_json::{json, Value};
@@ -112,7 +117,7 @@ fn catalogue() -> &'static Catalogue {
     static CATALOGUE: OnceLock<Catalogue> = OnceLock::new();
     CATALOGUE.get_or_init(|| {
         let mut validators = HashMap::new();
-        for (key, schema) in istio_schemas() {
+        for (key, schema) in istio_schemas().into_iter().chain(gateway_api_schemas()) {
             let validator = jsonschema::options()
                 .with_draft(Draft::Draft4)
                 .build(&schema)
@@ -134,6 +139,39 @@ fn catalogue() -> &'static Catalogue {
 /// top-level apiVersion, kind and metadata (which CRD schemas leave to the API server).
 fn istio_schemas() -> Vec<((String, String), Value)> {
     let path = workspace().join("data/istio/istio-crds.gen.yaml");
+    let out = crd_schemas(&path);
+    assert!(out.len() > 20, "{}: too few CRDs", path.display());
+    out
+}
+
+/// The InferencePool's and HTTPRoute's schemas (every version each CRD serves), from the
+/// CRDs vendored in `data/gateway-api/`, strict as Istio's.
+fn gateway_api_schemas() -> Vec<((String, String), Value)> {
+    let dir = workspace().join("data/gateway-api");
+    let out: Vec<_> = [
+        "inference.networking.k8s.io_inferencepools.yaml",
+        "gateway.networking.k8s.io_httproutes.yaml",
+    ]
+    .iter()
+    .flat_map(|file| crd_schemas(&dir.join(file)))
+    .collect();
+    let keys: BTreeSet<_> = out.iter().map(|(key, _)| key.clone()).collect();
+    for key in [
+        ("inference.networking.k8s.io/v1", "InferencePool"),
+        ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+    ] {
+        assert!(
+            keys.contains(&(key.0.to_owned(), key.1.to_owned())),
+            "{}: no schema of {key:?}",
+            dir.display()
+        );
+    }
+    out
+}
+
+/// The schema of every version of every CRD in a CRD file (made strict, with apiVersion,
+/// kind and metadata).
+fn crd_schemas(path: &Path) -> Vec<((String, String), Value)> {
     let mut out = Vec::new();
     for crd in yaml_file(&path) {
         if crd["kind"] != "CustomResourceDefinition" {
@@ -161,7 +199,6 @@ fn istio_schemas() -> Vec<((String, String), Value)> {
             out.push(((api_version, kind.to_owned()), schema));
         }
     }
-    assert!(out.len() > 20, "{}: too few CRDs", path.display());
     out
 }
 
@@ -238,6 +275,17 @@ fn kubernetes_schemas() -> Vec<((String, String), Value)> {
             "Kustomization".into(),
         ),
         kustomization_schema(),
+    ));
+    // A component (istio/image): the same fields, under its own apiVersion and kind.
+    let mut component = kustomization_schema();
+    component["properties"]["apiVersion"] = json!({ "const": "kustomize.config.k8s.io/v1alpha1" });
+    component["properties"]["kind"] = json!({ "const": "Component" });
+    out.push((
+        (
+            "kustomize.config.k8s.io/v1alpha1".into(),
+            "Component".into(),
+        ),
+        component,
     ));
     out
 }
@@ -914,6 +962,222 @@ fn batcher_ports_probes_and_disruption_budget_follow_the_service() {
     );
 }
 
+/// The container port a Service port sends to in `pod` (its targetPort, by name or number).
+fn target_container_port(service_port: &Value, pod: &Value) -> u64 {
+    let target = &service_port["targetPort"];
+    if let Some(number) = target.as_u64() {
+        return number;
+    }
+    pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+        .find(|p| p["name"] == *target)
+        .and_then(|p| p["containerPort"].as_u64())
+        .unwrap_or_else(|| panic!("no container port named {target}"))
+}
+
+/// The port of a `host:port` listen address.
+fn listen_port(address: &str) -> u64 {
+    let (_, port) = address.rsplit_once(':').expect("host:port");
+    port.parse()
+        .unwrap_or_else(|_| panic!("{address}: no port"))
+}
+
+#[test]
+fn inference_pool_overlay_wires_pool_route_picker_and_discovery_together() {
+    let objects = render("inference-pool");
+    let pool = find(&objects, "InferencePool", "llm-engine");
+    let spec = &pool["spec"];
+
+    // The route's only backend is the pool, attached to a Gateway (whose name the operator sets).
+    let route = find(&objects, "HTTPRoute", "llm-engine");
+    let parents = route["spec"]["parentRefs"].as_array().unwrap();
+    assert!(!parents.is_empty());
+    for parent in parents {
+        assert_eq!(parent["kind"], "Gateway", "{parent}");
+        assert!(parent["name"].as_str().is_some_and(|n| !n.is_empty()));
+    }
+    let backends: Vec<&Value> = route["spec"]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|rule| rule["backendRefs"].as_array().unwrap())
+        .collect();
+    assert!(!backends.is_empty());
+    for backend in backends {
+        assert_eq!(backend["group"], "inference.networking.k8s.io", "{backend}");
+        assert_eq!(backend["kind"], "InferencePool", "{backend}");
+        assert_eq!(backend["name"], pool["metadata"]["name"], "{backend}");
+        assert!(
+            backend.get("port").is_none(),
+            "the pool's targetPorts apply"
+        );
+    }
+
+    // The pool names the picker's Service and a port it exposes, which reaches the picker
+    // container's ext_proc port. A picker that is down must not fail requests: FailOpen.
+    let picker_ref = &spec["endpointPickerRef"];
+    assert_eq!(picker_ref["failureMode"], "FailOpen");
+    assert!(matches!(
+        picker_ref["kind"].as_str(),
+        None | Some("Service")
+    ));
+    assert!(matches!(picker_ref["group"].as_str(), None | Some("")));
+    let service = find(&objects, "Service", picker_ref["name"].as_str().unwrap());
+    let deployment = find(&objects, "Deployment", "cohort-picker");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let service_ports = service["spec"]["ports"].as_array().unwrap();
+    let ext_proc = service_ports
+        .iter()
+        .find(|p| p["port"] == picker_ref["port"]["number"])
+        .unwrap_or_else(|| panic!("the picker Service has no port {}", picker_ref["port"]));
+    // gRPC in cleartext HTTP/2, as Istio's protocol selection reads the name and appProtocol.
+    assert!(
+        ext_proc["name"].as_str().unwrap().starts_with("grpc"),
+        "{ext_proc}"
+    );
+    assert_eq!(ext_proc["appProtocol"], "http2");
+    let picker_port = target_container_port(ext_proc, pod);
+    for (key, value) in service["spec"]["selector"].as_object().unwrap() {
+        assert_eq!(
+            &deployment["spec"]["template"]["metadata"]["labels"][key], value,
+            "the picker Service selects the picker's pod"
+        );
+    }
+    // The metrics and health port is exposed too.
+    let metrics = service_ports
+        .iter()
+        .find(|p| p["name"] == "http-metrics")
+        .expect("an http-metrics port");
+
+    // The mounted cohort.toml turns the picker on at that port; the gRPC health probes ask
+    // it there (readiness and liveness as the picker's health service names them).
+    let (path, text) = picker_config(&objects);
+    assert_eq!(path, "/etc/cohort/cohort.toml");
+    let toml: toml::Table = text
+        .parse()
+        .unwrap_or_else(|e| panic!("{path} is not valid TOML: {e}"));
+    let listen = toml["picker"]["listen"].as_str().expect("[picker] listen");
+    assert_eq!(listen_port(listen), picker_port, "{listen}");
+    assert_eq!(picker_port, 9002);
+    for (probe, service_name) in [
+        ("readinessProbe", "readiness"),
+        ("livenessProbe", "liveness"),
+    ] {
+        assert_eq!(container[probe]["grpc"]["port"], picker_port, "{probe}");
+        assert_eq!(container[probe]["grpc"]["service"], service_name, "{probe}");
+    }
+    let http_listen = toml["http_listen"].as_str().unwrap();
+    assert_eq!(
+        listen_port(http_listen),
+        target_container_port(metrics, pod),
+        "{http_listen}"
+    );
+    for key in toml["picker"].as_table().unwrap().keys() {
+        assert!(
+            ["listen", "filter_config", "assign_deadline_ms"].contains(&key.as_str()),
+            "[picker] {key}"
+        );
+    }
+
+    // One picker sees all traffic: one replica, one shard.
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    assert_eq!(toml["shard_count"].as_integer(), Some(1));
+    assert!(toml.get("shard_index").is_none());
+
+    // Its replicas are the pool's members: discovery asks the SRV records of a headless
+    // Service with the pool's selector, through a port named as discovery asks, on the
+    // pool's target port.
+    let discovery = toml["discovery"].as_table().expect("[discovery]");
+    assert!(
+        toml.get("replicas").is_none(),
+        "discovery, not a static list"
+    );
+    let namespace = pool["metadata"]["namespace"].as_str().unwrap();
+    let dns = discovery["dns"].as_str().unwrap();
+    let headless_name = dns
+        .strip_suffix(&format!(".{namespace}.svc.cluster.local"))
+        .unwrap_or_else(|| panic!("{dns}: a Service in the pool's namespace"));
+    let headless = find(&objects, "Service", headless_name);
+    assert_eq!(headless["spec"]["clusterIP"], "None", "SRV records per pod");
+    assert_eq!(
+        headless["spec"]["selector"], spec["selector"]["matchLabels"],
+        "the picker's replicas are the pool's pods"
+    );
+    let port_name = discovery["port_name"].as_str().unwrap();
+    assert!(!port_name.is_empty());
+    let srv_port = headless["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == port_name)
+        .unwrap_or_else(|| panic!("{headless_name} has no port named {port_name}"));
+    let target_ports: Vec<&Value> = spec["targetPorts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["number"])
+        .collect();
+    assert_eq!(
+        target_ports,
+        [&srv_port["targetPort"]],
+        "ip:port = the pool's endpoint"
+    );
+    assert_eq!(
+        headless["spec"].get("publishNotReadyAddresses"),
+        None,
+        "ready pods only"
+    );
+
+    // The batcher's image, by the same digest, run the same way, as the same user.
+    let batcher_objects = render("batcher");
+    let batcher = find(&batcher_objects, "StatefulSet", "cohort-batcher");
+    let batcher_pod = &batcher["spec"]["template"]["spec"];
+    let batcher_container = &batcher_pod["containers"][0];
+    let image = container["image"].as_str().unwrap();
+    assert_eq!(image, batcher_container["image"].as_str().unwrap());
+    assert!(image.contains("@sha256:"), "{image}: pinned by digest");
+    assert_eq!(container["args"], batcher_container["args"]);
+    assert!(
+        container.get("command").is_none(),
+        "the image's entrypoint runs"
+    );
+    assert_eq!(pod["securityContext"], batcher_pod["securityContext"]);
+    assert_eq!(
+        container["securityContext"],
+        batcher_container["securityContext"]
+    );
+    assert_eq!(container["volumeMounts"][0]["readOnly"], true);
+    assert!(
+        pod["terminationGracePeriodSeconds"].as_u64().unwrap() > 10,
+        "outlives the drain"
+    );
+
+    // Its cohort.toml is the batcher's but for the picker itself: the shard count, where the
+    // replicas come from (the pool's Service, the same port name and engine) and no front.
+    let batcher_toml = batcher_toml(&batcher_objects);
+    let batcher_discovery = batcher_toml["discovery"].as_table().unwrap();
+    for (key, value) in batcher_discovery {
+        if key != "dns" {
+            assert_eq!(discovery.get(key), Some(value), "[discovery] {key}");
+        }
+    }
+    assert_eq!(discovery.len(), batcher_discovery.len());
+    let (mut picker_rest, mut batcher_rest) = (toml.clone(), batcher_toml.clone());
+    for key in ["picker", "shard_count", "discovery", "batch"] {
+        picker_rest.remove(key);
+        batcher_rest.remove(key);
+    }
+    assert_eq!(picker_rest, batcher_rest);
+    assert!(
+        toml.get("batch").is_none(),
+        "no batch front behind a picker"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Planted errors fail, naming the problem
 
@@ -1056,6 +1320,31 @@ fn a_misspelt_field_fails() {
         rename("resources", "resource"),
     );
     assert!(message.contains("resource"), "{message}");
+
+    let message = planted(
+        "istio/inference-pool/inferencepool.yaml",
+        "InferencePool",
+        "/spec/endpointPickerRef",
+        rename("port", "portNumber"),
+    );
+    assert!(message.contains("portNumber"), "{message}");
+    assert!(message.contains("/spec/endpointPickerRef"), "{message}");
+
+    let message = planted(
+        "istio/inference-pool/httproute.yaml",
+        "HTTPRoute",
+        "/spec/rules/0",
+        rename("backendRefs", "backendRef"),
+    );
+    assert!(message.contains("backendRef"), "{message}");
+
+    let message = planted(
+        "istio/inference-pool/deployment.yaml",
+        "Deployment",
+        "/spec/template/spec/containers/0/readinessProbe",
+        rename("grpc", "gRPC"),
+    );
+    assert!(message.contains("gRPC"), "{message}");
 }
 
 #[test]
@@ -1084,6 +1373,21 @@ fn without_strictness_the_crd_schema_would_let_a_misspelt_field_pass() {
     rename("httpHeaderName", "httpHeaderNme")(hash);
     assert!(lenient.is_valid(&rule));
     assert!(!problems(&rule).is_empty());
+
+    // The same for the InferencePool: its CRD alone takes a misspelt picker port (and the
+    // API server would drop it, leaving the pool without a reachable picker).
+    let crd = &yaml_file(
+        &workspace().join("data/gateway-api/inference.networking.k8s.io_inferencepools.yaml"),
+    )[0];
+    let lenient = jsonschema::options()
+        .with_draft(Draft::Draft4)
+        .build(&crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+        .unwrap();
+    let mut pool = shipped("istio/inference-pool/inferencepool.yaml", "InferencePool");
+    assert!(lenient.is_valid(&pool) && problems(&pool).is_empty());
+    rename("port", "portNumber")(pool.pointer_mut("/spec/endpointPickerRef").unwrap());
+    assert!(lenient.is_valid(&pool));
+    assert!(!problems(&pool).is_empty());
 }
 
 #[test]
@@ -1115,6 +1419,18 @@ fn a_bad_enum_value_fails() {
         |v| *v = "INSERT_SOMEWHERE".into(),
     );
     assert!(message.contains("INSERT_SOMEWHERE"), "{message}");
+
+    let message = planted(
+        "istio/inference-pool/inferencepool.yaml",
+        "InferencePool",
+        "/spec/endpointPickerRef/failureMode",
+        |v| *v = "FailSometimes".into(),
+    );
+    assert!(message.contains("FailSometimes"), "{message}");
+    assert!(
+        message.contains("FailOpen") && message.contains("FailClose"),
+        "names the allowed values: {message}"
+    );
 }
 
 #[test]
@@ -1145,6 +1461,14 @@ fn a_wrong_type_fails() {
         |v| *v = json!({ "high": true }),
     );
     assert!(message.contains("/spec/priority"), "{message}");
+
+    let message = planted(
+        "istio/inference-pool/inferencepool.yaml",
+        "InferencePool",
+        "/spec/targetPorts/0/number",
+        |v| *v = "eight thousand".into(),
+    );
+    assert!(message.contains("\"eight thousand\""), "{message}");
 }
 
 #[test]
