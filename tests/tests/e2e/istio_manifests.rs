@@ -173,7 +173,7 @@ fn gateway_api_schemas() -> Vec<((String, String), Value)> {
 /// kind and metadata).
 fn crd_schemas(path: &Path) -> Vec<((String, String), Value)> {
     let mut out = Vec::new();
-    for crd in yaml_file(&path) {
+    for crd in yaml_file(path) {
         if crd["kind"] != "CustomResourceDefinition" {
             continue;
         }
