@@ -30,9 +30,10 @@ MODEL = os.path.join(ROOT, ".cohort/models/gemma-3-270m-q4_k_m.gguf")
 TEMPLATE = os.path.join(ROOT, "data/engines/gemma_chat_template.jinja")
 # The built filter: COHORT_FILTER_WASM, else target/wasm/cohort_filter.wasm (as tests/src/config.rs).
 FILTER = os.environ.get("COHORT_FILTER_WASM", os.path.join(ROOT, "target/wasm/cohort_filter.wasm"))
-# The batcher built from this checkout (`cargo build --release -p cohort-cli`), not the
-# copy scripts/setup installed, which may be stale.
-COHORT = os.path.join(ROOT, "target/release/cohort")
+# The batcher built from this checkout: COHORT_BIN (scripts/test sets it to the test build's
+# target/debug/cohort), else the release build (`cargo build --release -p cohort-cli`), not
+# the copy scripts/setup installed, which may be stale.
+COHORT = os.environ.get("COHORT_BIN") or os.path.join(ROOT, "target/release/cohort")
 
 children = []
 
@@ -218,7 +219,7 @@ def start_envoy_on_free_ports(workdir, label, make_config, workers=None):
 
 
 def start_cohort(workdir, replica_ports, prefix="cohort", front=True, extra_args=(), replica_spec="", binary=None):
-    """Starts `cohort serve` (`binary`, else target/release/cohort) with replicas
+    """Starts `cohort serve` (`binary`, else COHORT) with replicas
     replica-0..N-1 at the given ports and, with `front`, batch mode's HTTP front.
     `replica_spec` is the engine adapter prefix of each replica's URL ("vllm+"; "" =
     llama.cpp). Waits for /readyz (again on other ports while one is taken).
