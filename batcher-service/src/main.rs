@@ -17,7 +17,6 @@ mod discovery;
 mod fleet;
 mod front;
 mod metrics;
-mod picker;
 mod serve;
 
 use clap::{Parser, Subcommand};

@@ -440,6 +440,73 @@ mod tests {
     }
 
     #[test]
+    fn the_picker_section_reads_flags_and_checks_its_filter_config() {
+        let dir = std::env::temp_dir().join(format!("cohort-config-picker-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("serve.toml");
+        let filter = dir.join("filter.json");
+        std::fs::write(
+            &filter,
+            r#"{"body_limit_bytes": 4096, "tenant_header": "x-org"}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "[[replicas]]\nname = \"a\"\n[picker]\nlisten = \"127.0.0.1:9002\"\n\
+                 filter_config = {:?}\nassign_deadline_ms = 40\n",
+                filter.display().to_string()
+            ),
+        )
+        .unwrap();
+        let mut a = args(&[]);
+        a.config = Some(path.clone());
+        let config = ServeConfig::load(&a, None).unwrap();
+        assert_eq!(
+            config.picker.listen,
+            Some("127.0.0.1:9002".parse().unwrap())
+        );
+        assert_eq!(config.picker.assign_deadline_ms, 40);
+        let parsed = config.picker.filter_config_parsed().unwrap();
+        assert_eq!(
+            (parsed.body_limit_bytes, parsed.tenant_header.as_str()),
+            (4096, "x-org")
+        );
+        assert_eq!(ServeConfig::default().picker, PickerSection::default());
+        assert_eq!(
+            ServeConfig::default().picker.listen,
+            None,
+            "off unless asked"
+        );
+        a.picker_listen = Some("127.0.0.1:9012".parse().unwrap());
+        a.picker_filter_config = Some(dir.join("missing.json"));
+        let message = ServeConfig::load(&a, None).unwrap_err().to_string();
+        assert!(message.contains("picker.filter_config"), "{message}");
+        std::fs::write(&filter, r#"{"body_limit_bytes": 0}"#).unwrap();
+        a.picker_filter_config = Some(filter.clone());
+        let message = ServeConfig::load(&a, None).unwrap_err().to_string();
+        assert!(message.contains("body_limit_bytes"), "{message}");
+        std::fs::write(&filter, "{}").unwrap();
+        let config = ServeConfig::load(&a, None).unwrap();
+        assert_eq!(
+            config.picker.listen,
+            Some("127.0.0.1:9012".parse().unwrap())
+        );
+        for (file, field) in [
+            ("[picker]\nassign_deadline_ms = 0\n", "assign_deadline_ms"),
+            ("[picker]\nlisten = \"nowhere\"\n", "listen"),
+            ("[picker]\nlisen = \"127.0.0.1:1\"\n", "lisen"),
+        ] {
+            std::fs::write(&path, format!("[[replicas]]\nname = \"a\"\n{file}")).unwrap();
+            let mut b = args(&[]);
+            b.config = Some(path.clone());
+            let message = ServeConfig::load(&b, None).unwrap_err().to_string();
+            assert!(message.contains(field), "{file:?}: {message}");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn store_flag_picks_the_backend() {
         let config = ServeConfig::load(&args(&["a"]), None).unwrap();
         assert_eq!(config.store.backend, StoreKind::Cpu);

@@ -6,7 +6,7 @@
 //! `[discovery]`, one task keeps the replica set from DNS and probes it
 //! ([`crate::discovery`]).
 //!
-//! With `[picker] listen`, the endpoint picker ([`crate::picker`]) serves Envoy's ext_proc
+//! With `[picker] listen`, the endpoint picker ([`picker`]) serves Envoy's ext_proc
 //! and gRPC health on its own port over the same brain.
 //!
 //! Shutdown (SIGTERM or Ctrl-C) runs in two stages. First, for `drain_delay_ms`, everything
@@ -22,6 +22,7 @@ pub(crate) mod brain;
 mod grpc;
 mod http;
 mod inspect;
+mod picker;
 
 use crate::clock::Clock;
 use crate::config::ServeConfig;
@@ -136,12 +137,12 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot listen for the endpoint picker on {addr}"))?;
             info!(picker = %listener.local_addr()?, "endpoint picker listening");
-            let picker = Arc::new(crate::picker::Picker::new(&config, Arc::clone(&brain), clock)?);
+            let picker = Arc::new(picker::Picker::new(&config, Arc::clone(&brain), clock)?);
             metrics.add(Arc::new({
                 let metrics = Arc::clone(&picker.metrics);
                 move |scrape: &mut Scrape<'_>| metrics.write_metrics(scrape)
             }));
-            Some(crate::picker::serve(
+            Some(picker::serve(
                 listener,
                 picker,
                 stop_rx.clone(),

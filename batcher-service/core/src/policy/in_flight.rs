@@ -326,6 +326,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_moved_ticket_counts_where_it_was_served_and_ends_there() {
+        let mut book = InFlight::new(3, 1_000, 10);
+        let t = book.open(0, 100.0, 0);
+        assert!(book.moved(t, 2, 5));
+        assert_eq!(book.replica(0).in_flight, 0);
+        assert_eq!(book.replica(0).pending, 0);
+        assert_eq!(book.replica(0).pending_work, 0.0);
+        assert_eq!(book.replica(2).in_flight, 1);
+        // Its first byte teaches no rate (it queued elsewhere); its end is replica 2's.
+        assert_eq!(book.first_byte(t, 9, 9).map(|r| r.replica), Some(2));
+        assert_eq!(book.replica(2).rate, None);
+        assert_eq!(book.end(t, 200, 10).map(|r| r.replica), Some(2));
+        assert_eq!(book.replica(2).in_flight, 0);
+        assert!(!book.moved(t, 1, 11), "ended");
+        let u = book.open(0, 1.0, 12);
+        assert!(!book.moved(u, 7, 12), "no such replica");
+    }
+
+    #[test]
     fn counts_pending_and_in_flight_exactly() {
         let mut book = InFlight::new(2, 1_000, 10);
         let a = book.open(0, 100.0, 0);

@@ -1,4 +1,4 @@
-//! What the endpoint picker ([`crate::picker`]) asks of the brain besides assign mode's
+//! What the endpoint picker (`serve/picker/`) asks of the brain besides assign mode's
 //! decision: the replica set with each slot's usability, the decision restricted to the
 //! slots that have an endpoint (and are in the proxy's subset hint), the alternatives the
 //! proxy tries when the chosen replica refuses, a decision for a request without a

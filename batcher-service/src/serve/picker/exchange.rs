@@ -72,10 +72,10 @@ struct Ticket {
     first_byte: bool,
 }
 
-/// What the picker answers: a mutation, or a refusal.
+/// What the picker answers: a mutation, or a refusal (a 503 for this outcome).
 enum Answer {
     Route(Mutation),
-    Refuse(ProcessingResponse),
+    Refuse(Outcome),
 }
 
 /// The state of one stream.
@@ -134,7 +134,8 @@ impl Exchange {
                 let end_of_stream = h.end_of_stream;
                 self.headers = protocol::headers_of(h.headers.as_ref());
                 self.subset = protocol::subset_hint(message.metadata_context.as_ref());
-                self.request_headers(end_of_stream, principal.as_deref()).await
+                self.request_headers(end_of_stream, principal.as_deref())
+                    .await
             }
             Some(Request::RequestBody(b)) => self.request_body(b.body, b.end_of_stream).await,
             Some(Request::RequestTrailers(_)) => self.request_trailers().await,
@@ -212,9 +213,9 @@ impl Exchange {
         let answer = self.place(why, untouched, length);
         self.picker.metrics.decided(started.elapsed().as_secs_f64());
         match answer {
-            Answer::Refuse(response) => {
+            Answer::Refuse(outcome) => {
                 self.stage = Stage::Refused;
-                vec![response]
+                vec![refusal(outcome)]
             }
             Answer::Route(mutation) => {
                 self.stage = Stage::Decided;
@@ -223,7 +224,11 @@ impl Exchange {
         }
     }
 
-    async fn request_body(&mut self, chunk: Vec<u8>, end_of_stream: bool) -> Vec<ProcessingResponse> {
+    async fn request_body(
+        &mut self,
+        chunk: Vec<u8>,
+        end_of_stream: bool,
+    ) -> Vec<ProcessingResponse> {
         match (self.stage, self.request_mode) {
             (Stage::Refused | Stage::Headers, _) => Vec::new(),
             (Stage::Decided, BodyMode::Buffered) => {
@@ -236,9 +241,9 @@ impl Exchange {
                 // The whole body, whatever end_of_stream says (trailers may follow).
                 self.body = chunk;
                 match self.decide().await {
-                    Answer::Refuse(response) => {
+                    Answer::Refuse(outcome) => {
                         self.stage = Stage::Refused;
-                        vec![response]
+                        vec![refusal(outcome)]
                     }
                     Answer::Route(mutation) => {
                         self.stage = Stage::Decided;
@@ -274,10 +279,10 @@ impl Exchange {
     /// chunk, in order.
     async fn answer_held(&mut self) -> Vec<ProcessingResponse> {
         match self.decide().await {
-            Answer::Refuse(response) => {
+            Answer::Refuse(outcome) => {
                 self.stage = Stage::Refused;
                 self.held.clear();
-                vec![response]
+                vec![refusal(outcome)]
             }
             Answer::Route(mutation) => {
                 self.stage = Stage::Decided;
@@ -320,7 +325,8 @@ impl Exchange {
             Err(refusal) => return refusal,
         };
         let now_unix = unix_ms();
-        let assign = batcher::assign_request(&plan, &routing.fingerprint, Mode::Assign, now_unix, true);
+        let assign =
+            batcher::assign_request(&plan, &routing.fingerprint, Mode::Assign, now_unix, true);
         let decided = match self.picker.decide(assign, mask.clone()).await {
             Decision::Decided(decided) => decided,
             Decision::Failed(BrainError::NoReplicas) => return self.refuse(Outcome::Unavailable),
@@ -411,14 +417,7 @@ impl Exchange {
 
     fn refuse(&self, outcome: Outcome) -> Answer {
         self.picker.metrics.outcome(outcome);
-        let (details, body) = match outcome {
-            Outcome::SubsetEmpty => (
-                "cohort_picker_subset_empty",
-                "no eligible endpoint in the subset hint\n",
-            ),
-            _ => ("cohort_picker_unavailable", "no ready endpoint\n"),
-        };
-        Answer::Refuse(protocol::immediate(503, details, body))
+        Answer::Refuse(outcome)
     }
 
     /// A decision without a fingerprint (least loaded), with `why` as the bypass reason;
@@ -494,7 +493,9 @@ impl Exchange {
 
     /// Moves the ticket to the replica at `served` when it is not the one decided.
     fn served_by(&mut self, served: &str) {
-        let Some(ticket) = &mut self.ticket else { return };
+        let Some(ticket) = &mut self.ticket else {
+            return;
+        };
         let slots = self.picker.brain.slots(self.picker.clock.now_ms());
         let Some(slot) = choose::slot_of(&slots, &self.picker.endpoints, served) else {
             return;
@@ -512,7 +513,9 @@ impl Exchange {
     }
 
     fn first_byte(&mut self) {
-        let Some(ticket) = &mut self.ticket else { return };
+        let Some(ticket) = &mut self.ticket else {
+            return;
+        };
         if ticket.first_byte || self.ended {
             return;
         }
@@ -551,6 +554,18 @@ impl Drop for Exchange {
         self.end();
         self.picker.metrics.stream_closed();
     }
+}
+
+/// The 503 of a refused request.
+fn refusal(outcome: Outcome) -> ProcessingResponse {
+    let (details, body) = match outcome {
+        Outcome::SubsetEmpty => (
+            "cohort_picker_subset_empty",
+            "no eligible endpoint in the subset hint\n",
+        ),
+        _ => ("cohort_picker_unavailable", "no ready endpoint\n"),
+    };
+    protocol::immediate(503, details, body)
 }
 
 /// Every slot with an endpoint (to tell an empty subset from an empty fleet).

@@ -110,7 +110,9 @@ pub fn by_key(slots: &[SlotView], mask: &[bool], key: u64) -> Option<(usize, Vec
         return None;
     }
     let i = cohort_fingerprint::shard::jump_hash(key, usable.len() as u32) as usize;
-    let rest = (1..usable.len()).map(|k| usable[(i + k) % usable.len()]).collect();
+    let rest = (1..usable.len())
+        .map(|k| usable[(i + k) % usable.len()])
+        .collect();
     Some((usable[i], rest))
 }
 
@@ -163,7 +165,10 @@ mod tests {
                 Some("10.0.0.4:8000")
             ]
         );
-        assert_eq!(eligible(&slots, &endpoints, None), [true, true, false, true]);
+        assert_eq!(
+            eligible(&slots, &endpoints, None),
+            [true, true, false, true]
+        );
         let subset = ["10.0.0.4:8000".to_owned(), "10.9.9.9:1".to_owned()];
         assert_eq!(
             eligible(&slots, &endpoints, Some(&subset)),

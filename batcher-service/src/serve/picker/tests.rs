@@ -11,8 +11,8 @@ use crate::serve::brain::Brain;
 use cohort_ext_proc_proto::core::{HeaderMap, HeaderValue, Metadata};
 use cohort_ext_proc_proto::ext_proc::external_processor_client::ExternalProcessorClient;
 use cohort_ext_proc_proto::ext_proc::{
-    body_mutation, processing_request, processing_response, HttpBody, HttpHeaders,
-    HttpTrailers, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
+    body_mutation, processing_request, processing_response, HttpBody, HttpHeaders, HttpTrailers,
+    ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
 };
 use cohort_ext_proc_proto::mode::processing_mode::BodySendMode;
 use cohort_ext_proc_proto::prost_types::value::Kind;
@@ -153,7 +153,11 @@ fn header_map(pairs: &[(&str, &str)]) -> HeaderMap {
     }
 }
 
-fn post_headers(extra: &[(&str, &str)], end_of_stream: bool, mode: BodySendMode) -> ProcessingRequest {
+fn post_headers(
+    extra: &[(&str, &str)],
+    end_of_stream: bool,
+    mode: BodySendMode,
+) -> ProcessingRequest {
     let mut pairs = vec![
         (":method", "POST"),
         (":path", "/v1/chat/completions"),
@@ -246,7 +250,11 @@ impl Written {
 
     fn destination(&self) -> &str {
         let header = self.get(DESTINATION).expect("a destination header");
-        assert_eq!(self.metadata.as_deref(), Some(header), "header and metadata agree");
+        assert_eq!(
+            self.metadata.as_deref(),
+            Some(header),
+            "header and metadata agree"
+        );
         header
     }
 }
@@ -338,12 +346,20 @@ async fn buffered_headers_then_body_answers_the_endpoint_and_the_filters_headers
     assert!(first.get(DESTINATION).is_none());
     s.send(body(CHAT.as_bytes(), true)).await;
     let answer = written(&s.recv().await);
-    let list = endpoints_of(answer.destination()).iter().map(|e| e.to_string()).collect::<Vec<_>>();
+    let list = endpoints_of(answer.destination())
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>();
     assert_eq!(list.len(), 3, "primary and two fallbacks: {list:?}");
     assert!(list.iter().all(|e| e.starts_with("10.0.0.")));
     let shard = answer.get("x-cohort-shard").unwrap();
     assert_eq!(endpoint(shard[1..].parse().unwrap()), list[0]);
-    for name in ["x-cohort-key", "x-cohort-prefix", "x-cohort-fp", "x-cohort-cluster"] {
+    for name in [
+        "x-cohort-key",
+        "x-cohort-prefix",
+        "x-cohort-fp",
+        "x-cohort-cluster",
+    ] {
         assert!(answer.get(name).is_some(), "{name} written");
     }
     assert!(answer.get("x-cohort-bypass").is_none());
@@ -463,7 +479,8 @@ async fn a_body_that_is_not_json_is_bypassed_with_the_body_intact() {
     }
     // Buffered: the same reason, in the body's answer; the body is not touched.
     let mut s = h.open().await;
-    s.send(post_headers(&[], false, BodySendMode::Buffered)).await;
+    s.send(post_headers(&[], false, BodySendMode::Buffered))
+        .await;
     s.recv().await;
     s.send(body(b"{not json", true)).await;
     let response = s.recv().await;
@@ -480,7 +497,8 @@ async fn requests_without_a_body_or_off_the_api_are_routed_at_their_headers() {
     let mut h = harness(2).await;
     // A POST to an API path with no body.
     let mut s = h.open().await;
-    s.send(post_headers(&[], true, BodySendMode::Buffered)).await;
+    s.send(post_headers(&[], true, BodySendMode::Buffered))
+        .await;
     let answer = written(&s.recv().await);
     assert_eq!(answer.get("x-cohort-bypass"), Some("no_body"));
     assert_eq!(endpoints_of(answer.destination()).len(), 2);
@@ -513,7 +531,9 @@ async fn the_subset_hint_is_honoured_and_an_empty_or_foreign_one_gets_503() {
         let answer = written(&s.recv().await);
         let list = endpoints_of(answer.destination());
         assert_eq!(list.len(), 2, "only the subset: {list:?}");
-        assert!(list.iter().all(|e| ["10.0.0.1:8000", "10.0.0.3:8000"].contains(e)));
+        assert!(list
+            .iter()
+            .all(|e| ["10.0.0.1:8000", "10.0.0.3:8000"].contains(e)));
     }
     for subset in [vec![], vec!["10.9.9.9:8000"]] {
         let mut s = h.open().await;
@@ -551,7 +571,8 @@ async fn the_subset_hint_is_honoured_and_an_empty_or_foreign_one_gets_503() {
 async fn no_ready_replica_gets_503() {
     let mut h = harness(0).await;
     let mut s = h.open().await;
-    s.send(post_headers(&[], false, BodySendMode::Buffered)).await;
+    s.send(post_headers(&[], false, BodySendMode::Buffered))
+        .await;
     s.recv().await;
     s.send(body(CHAT.as_bytes(), true)).await;
     assert_eq!(immediate_status(&s.recv().await), 503);
@@ -562,7 +583,8 @@ async fn no_ready_replica_gets_503() {
         endpoint: endpoint(7),
     }]);
     let mut s = h.open().await;
-    s.send(post_headers(&[], true, BodySendMode::Buffered)).await;
+    s.send(post_headers(&[], true, BodySendMode::Buffered))
+        .await;
     assert_eq!(immediate_status(&s.recv().await), 503);
 }
 
@@ -571,11 +593,18 @@ async fn the_fingerprint_is_the_filters() {
     use cohort_filter::config::FilterConfig;
     use cohort_filter::decision;
     let mut h = harness(3).await;
-    let extra = [("x-cohort-tenant", "acme"), ("x-cohort-semantic-mode", "topic")];
+    let extra = [
+        ("x-cohort-tenant", "acme"),
+        ("x-cohort-semantic-mode", "topic"),
+    ];
     {
         let mut s = h.open().await;
-        s.send(post_headers(&extra, false, BodySendMode::FullDuplexStreamed))
-            .await;
+        s.send(post_headers(
+            &extra,
+            false,
+            BodySendMode::FullDuplexStreamed,
+        ))
+        .await;
         s.send(body(CHAT.as_bytes(), true)).await;
         let answer = written(&s.recv().await);
         let config = FilterConfig::default();
@@ -586,7 +615,8 @@ async fn the_fingerprint_is_the_filters() {
             ("content-type".into(), "application/json".into()),
         ];
         pairs.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let decision::HeadersVerdict::Buffer(plan) = decision::inspect_headers(&config, &pairs, None)
+        let decision::HeadersVerdict::Buffer(plan) =
+            decision::inspect_headers(&config, &pairs, None)
         else {
             panic!()
         };
@@ -607,7 +637,8 @@ async fn the_fingerprint_is_the_filters() {
 async fn a_cancelled_stream_ends_its_ticket_exactly_once() {
     let mut h = harness(2).await;
     let mut s = h.open().await;
-    s.send(post_headers(&[], false, BodySendMode::Buffered)).await;
+    s.send(post_headers(&[], false, BodySendMode::Buffered))
+        .await;
     s.recv().await;
     s.send(body(CHAT.as_bytes(), true)).await;
     s.recv().await;
@@ -619,7 +650,8 @@ async fn a_cancelled_stream_ends_its_ticket_exactly_once() {
     assert_eq!(h.picker.metrics.streams_open(), 0);
     // A stream whose response ended, then closed, reports one end only.
     let mut s = h.open().await;
-    s.send(post_headers(&[], false, BodySendMode::Buffered)).await;
+    s.send(post_headers(&[], false, BodySendMode::Buffered))
+        .await;
     s.recv().await;
     s.send(body(CHAT.as_bytes(), true)).await;
     s.recv().await;
@@ -648,7 +680,8 @@ async fn a_cancelled_stream_ends_its_ticket_exactly_once() {
 async fn a_response_served_by_a_fallback_moves_the_load_there() {
     let mut h = harness(3).await;
     let mut s = h.open().await;
-    s.send(post_headers(&[], false, BodySendMode::Buffered)).await;
+    s.send(post_headers(&[], false, BodySendMode::Buffered))
+        .await;
     s.recv().await;
     s.send(body(CHAT.as_bytes(), true)).await;
     let answer = written(&s.recv().await);
@@ -657,7 +690,12 @@ async fn a_response_served_by_a_fallback_moves_the_load_there() {
         .map(|e| e.to_string())
         .collect();
     let before = h.brain.in_flight();
-    let slot_of = |e: &str| e.trim_start_matches("10.0.0.").trim_end_matches(":8000").parse::<usize>().unwrap();
+    let slot_of = |e: &str| {
+        e.trim_start_matches("10.0.0.")
+            .trim_end_matches(":8000")
+            .parse::<usize>()
+            .unwrap()
+    };
     assert_eq!(before[slot_of(&list[0])], 1);
     s.send(response_headers("200", Some(&list[1]), false)).await;
     s.recv().await;
@@ -678,7 +716,8 @@ async fn a_slow_brain_is_answered_by_key_after_the_deadline() {
     })
     .await;
     let mut s = h.open().await;
-    s.send(post_headers(&[], false, BodySendMode::Buffered)).await;
+    s.send(post_headers(&[], false, BodySendMode::Buffered))
+        .await;
     s.recv().await;
     s.send(body(CHAT.as_bytes(), true)).await;
     let answer = written(&s.recv().await);
@@ -712,12 +751,20 @@ async fn health_serves_liveness_always_and_readiness_with_a_ready_replica() {
     }
     let h = harness(1).await;
     for service in ["", "liveness", "readiness", cohort_ext_proc_proto::SERVICE] {
-        assert_eq!(check(&h, service).await, ServingStatus::Serving, "{service:?}");
+        assert_eq!(
+            check(&h, service).await,
+            ServingStatus::Serving,
+            "{service:?}"
+        );
     }
     let h = harness(0).await;
     assert_eq!(check(&h, "liveness").await, ServingStatus::Serving);
     for service in ["readiness", cohort_ext_proc_proto::SERVICE] {
-        assert_eq!(check(&h, service).await, ServingStatus::NotServing, "{service:?}");
+        assert_eq!(
+            check(&h, service).await,
+            ServingStatus::NotServing,
+            "{service:?}"
+        );
     }
 }
 
@@ -727,8 +774,11 @@ async fn a_missing_model_is_fingerprinted_like_any_other() {
     let mut s = h.open().await;
     s.send(post_headers(&[], false, BodySendMode::FullDuplexStreamed))
         .await;
-    s.send(body(br#"{"messages":[{"role":"user","content":"hi"}]}"#, true))
-        .await;
+    s.send(body(
+        br#"{"messages":[{"role":"user","content":"hi"}]}"#,
+        true,
+    ))
+    .await;
     let answer = written(&s.recv().await);
     assert!(answer.get("x-cohort-bypass").is_none());
     assert!(answer.get("x-cohort-key").is_some());

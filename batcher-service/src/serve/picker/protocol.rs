@@ -44,12 +44,22 @@ pub enum BodyMode {
 /// The request body mode from the stream's first message (`protocol_config`, which Envoy
 /// sends since 1.33); without one, buffered.
 pub fn request_body_mode(request: &ProcessingRequest) -> BodyMode {
-    body_mode(request.protocol_config.as_ref().map(|c| c.request_body_mode))
+    body_mode(
+        request
+            .protocol_config
+            .as_ref()
+            .map(|c| c.request_body_mode),
+    )
 }
 
 /// The response body mode, as [`request_body_mode`].
 pub fn response_body_mode(request: &ProcessingRequest) -> BodyMode {
-    body_mode(request.protocol_config.as_ref().map(|c| c.response_body_mode))
+    body_mode(
+        request
+            .protocol_config
+            .as_ref()
+            .map(|c| c.response_body_mode),
+    )
 }
 
 fn body_mode(mode: Option<i32>) -> BodyMode {
@@ -148,7 +158,7 @@ pub fn status_of(response_headers: &[(String, String)]) -> u32 {
         .unwrap_or(0)
 }
 
-/// Request headers to set (overwriting) and to remove.
+/// Request headers to set (overwriting) and to remove (a name in both is only set).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Mutation {
     pub set: Vec<(String, String)>,
@@ -182,7 +192,17 @@ impl Mutation {
                     ..Default::default()
                 })
                 .collect(),
-            remove_headers: self.remove.clone(),
+            // A name also set is overwritten instead: whichever order the proxy applies
+            // the two lists in, the value written stays.
+            remove_headers: self
+                .remove
+                .iter()
+                .filter(|name| {
+                    !self.set.iter().any(|(n, _)| n == *name)
+                        && (self.destination.is_none() || *name != DESTINATION)
+                })
+                .cloned()
+                .collect(),
         })
     }
 
@@ -191,7 +211,9 @@ impl Mutation {
         CommonResponse {
             status: ResponseStatus::Continue as i32,
             // Routes may match the written headers (x-cohort-shard, …): route again.
-            clear_route_cache: header_mutation.as_ref().is_some_and(|m| !m.set_headers.is_empty()),
+            clear_route_cache: header_mutation
+                .as_ref()
+                .is_some_and(|m| !m.set_headers.is_empty()),
             header_mutation,
             ..Default::default()
         }
@@ -224,9 +246,11 @@ fn string_value(s: &str) -> Value {
 #[cfg(test)]
 pub fn subset_metadata(endpoints: &[&str]) -> Metadata {
     let list = Value {
-        kind: Some(Kind::ListValue(cohort_ext_proc_proto::prost_types::ListValue {
-            values: endpoints.iter().map(|e| string_value(e)).collect(),
-        })),
+        kind: Some(Kind::ListValue(
+            cohort_ext_proc_proto::prost_types::ListValue {
+                values: endpoints.iter().map(|e| string_value(e)).collect(),
+            },
+        )),
     };
     Metadata {
         filter_metadata: [(
@@ -395,8 +419,11 @@ mod tests {
         string.filter_metadata.insert(
             SUBSET_NAMESPACE.into(),
             Struct {
-                fields: [(SUBSET_KEY.into(), string_value(" 10.0.0.1:8000, ,10.0.0.3:8000"))]
-                    .into(),
+                fields: [(
+                    SUBSET_KEY.into(),
+                    string_value(" 10.0.0.1:8000, ,10.0.0.3:8000"),
+                )]
+                .into(),
             },
         );
         assert_eq!(
@@ -414,7 +441,10 @@ mod tests {
                 fields: [(SERVED_KEY.into(), string_value("10.0.0.2:8000"))].into(),
             },
         );
-        let headers = vec![(SERVED_KEY.to_owned(), "10.0.0.3:8000,10.0.0.4:8000".to_owned())];
+        let headers = vec![(
+            SERVED_KEY.to_owned(),
+            "10.0.0.3:8000,10.0.0.4:8000".to_owned(),
+        )];
         assert_eq!(
             served_endpoint(Some(&metadata), &headers).as_deref(),
             Some("10.0.0.2:8000")
@@ -432,7 +462,11 @@ mod tests {
     fn the_destination_goes_into_the_header_and_the_metadata_alike() {
         let mutation = Mutation {
             set: vec![("x-cohort-shard".into(), "r0".into())],
-            remove: vec!["x-cohort-key".into()],
+            remove: vec![
+                "x-cohort-key".into(),
+                "x-cohort-shard".into(),
+                DESTINATION.into(),
+            ],
             destination: Some("10.0.0.1:8000,10.0.0.2:8000".into()),
         };
         let response = request_headers_response(&mutation);
