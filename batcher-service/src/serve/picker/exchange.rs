@@ -39,11 +39,14 @@ use cohort_filter::batcher::{self, AssignAnswer};
 use cohort_filter::breaker;
 use cohort_filter::config::Mode;
 use cohort_filter::decision::{self, reason, Admission, HeadersVerdict, RequestPlan};
+use cohort_fingerprint::{CODEBOOK_VERSION, SKETCH_VERSION};
 use cohort_proto as pb;
 use pb::request_progress::Phase as ProgressPhase;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The mode the response's `x-cohort` names.
+pub const MODE: &str = "picker";
 /// The `x-cohort-bypass` reason of a request that is not a POST to an API path.
 pub const NOT_API_REQUEST: &str = "not_api_request";
 /// The `x-cohort-bypass` reason when the brain did not decide within the deadline.
@@ -95,6 +98,8 @@ pub struct Exchange {
     /// Full-duplex chunks received before the decision, not yet sent back.
     held: Vec<(Vec<u8>, bool)>,
     ticket: Option<Ticket>,
+    /// What the response's `x-cohort` says after the version (as the filter's).
+    verdict: Option<String>,
     status: u32,
     ended: bool,
 }
@@ -115,6 +120,7 @@ impl Exchange {
             body: Vec::new(),
             held: Vec::new(),
             ticket: None,
+            verdict: None,
             status: 0,
             ended: false,
         }
@@ -142,7 +148,16 @@ impl Exchange {
             Some(Request::ResponseHeaders(h)) => {
                 let headers = protocol::headers_of(h.headers.as_ref());
                 self.response_headers(&message.metadata_context, &headers, h.end_of_stream);
-                vec![protocol::response_headers_response()]
+                let set: Vec<(String, String)> = self
+                    .verdict
+                    .as_ref()
+                    .map(|verdict| {
+                        let name = self.picker.filter.headers.response.clone();
+                        (name, format!("{}; {verdict}", env!("CARGO_PKG_VERSION")))
+                    })
+                    .into_iter()
+                    .collect();
+                vec![protocol::response_headers_response(&set)]
             }
             Some(Request::ResponseBody(b)) => {
                 if b.end_of_stream {
@@ -342,6 +357,7 @@ impl Exchange {
                     choose::destination(&slots, &self.picker.endpoints, slot, &alternatives);
                 self.picker.metrics.outcome(Outcome::Bypassed);
                 self.picker.metrics.bypass(BATCHER_TIMEOUT);
+                self.verdict = Some(format!("mode={MODE}; bypass={BATCHER_TIMEOUT}"));
                 let mut set = routing.headers.clone();
                 set.push((config.headers.bypass.clone(), BATCHER_TIMEOUT.to_owned()));
                 return Answer::Route(Mutation {
@@ -390,6 +406,10 @@ impl Exchange {
         );
         self.picker.observe(observation);
         self.picker.metrics.outcome(Outcome::Picked);
+        self.verdict = Some(format!(
+            "mode={MODE}; cluster={}; shard={}; sketch=v{SKETCH_VERSION}; codebook=v{CODEBOOK_VERSION}",
+            outcome.cluster, decided.reply.shard
+        ));
         Answer::Route(Mutation {
             set,
             remove: self.remove.clone(),
@@ -443,6 +463,7 @@ impl Exchange {
         let mut set = Vec::new();
         if let Some(why) = why {
             self.picker.metrics.bypass(why);
+            self.verdict = Some(format!("mode={MODE}; bypass={why}"));
             if !untouched {
                 set.push((self.picker.filter.headers.bypass.clone(), why.to_owned()));
             }

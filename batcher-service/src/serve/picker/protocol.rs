@@ -325,11 +325,22 @@ pub fn request_trailers_response() -> ProcessingResponse {
     }
 }
 
-/// The answer to `response_headers` (unchanged).
-pub fn response_headers_response() -> ProcessingResponse {
+/// The answer to `response_headers`: the headers in `set` added (overwriting), nothing
+/// else changed.
+pub fn response_headers_response(set: &[(String, String)]) -> ProcessingResponse {
+    let mutation = Mutation {
+        set: set.to_vec(),
+        ..Mutation::default()
+    };
+    let response = mutation
+        .header_mutation()
+        .map(|header_mutation| CommonResponse {
+            header_mutation: Some(header_mutation),
+            ..Default::default()
+        });
     ProcessingResponse {
         response: Some(processing_response::Response::ResponseHeaders(
-            HeadersResponse::default(),
+            HeadersResponse { response },
         )),
         ..Default::default()
     }

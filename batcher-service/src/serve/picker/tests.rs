@@ -365,10 +365,21 @@ async fn buffered_headers_then_body_answers_the_endpoint_and_the_filters_headers
     assert!(answer.get("x-cohort-bypass").is_none());
     assert_eq!(h.in_flight(), 1);
     s.send(response_headers("200", None, false)).await;
-    assert!(matches!(
-        s.recv().await.response,
-        Some(processing_response::Response::ResponseHeaders(_))
-    ));
+    let Some(processing_response::Response::ResponseHeaders(r)) = s.recv().await.response else {
+        panic!("a response headers answer")
+    };
+    let x_cohort = r
+        .response
+        .and_then(|c| c.header_mutation)
+        .and_then(|m| m.set_headers.into_iter().next())
+        .and_then(|o| o.header)
+        .map(|h| String::from_utf8(h.raw_value).unwrap())
+        .unwrap();
+    assert!(
+        x_cohort.contains(&format!("mode=picker; cluster="))
+            && x_cohort.contains(&format!("shard={shard}")),
+        "{x_cohort}"
+    );
     drop(s.tx);
     // Envoy closes the stream when the HTTP stream completes: the ticket ends.
     tokio::time::sleep(Duration::from_millis(100)).await;
