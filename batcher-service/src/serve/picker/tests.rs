@@ -376,8 +376,7 @@ async fn buffered_headers_then_body_answers_the_endpoint_and_the_filters_headers
         .map(|h| String::from_utf8(h.raw_value).unwrap())
         .unwrap();
     assert!(
-        x_cohort.contains(&format!("mode=picker; cluster="))
-            && x_cohort.contains(&format!("shard={shard}")),
+        x_cohort.contains("mode=picker; cluster=") && x_cohort.contains(&format!("shard={shard}")),
         "{x_cohort}"
     );
     drop(s.tx);
