@@ -38,7 +38,8 @@ use cohort_ext_proc_proto::prost_types::value::Kind;
 use cohort_filter::batcher::{self, AssignAnswer};
 use cohort_filter::breaker;
 use cohort_filter::config::Mode;
-use cohort_filter::decision::{self, reason, Admission, HeadersVerdict, RequestPlan};
+use cohort_filter::decision::{self, reason, Admission, HeadersVerdict, LearnedTable, RequestPlan};
+use cohort_fingerprint::learned::{LearnedCohorts, Placement};
 use cohort_fingerprint::{CODEBOOK_VERSION, SKETCH_VERSION};
 use cohort_proto as pb;
 use pb::request_progress::Phase as ProgressPhase;
@@ -331,7 +332,14 @@ impl Exchange {
         if self.body.is_empty() {
             return self.place(Some(reason::NO_BODY), false, 0);
         }
-        let routing = match decision::route_body(config, &plan, &self.body) {
+        let routed = decision::route_body_with(
+            config,
+            &plan,
+            &self.body,
+            cohort_fingerprint::IntentSketch::of_text,
+            &mut SharedTable(&self.picker.learned),
+        );
+        let routing = match routed {
             Ok(routing) => routing,
             Err(why) => return self.place(Some(why), false, self.body.len() as u64),
         };
@@ -574,6 +582,23 @@ impl Drop for Exchange {
     fn drop(&mut self) {
         self.end();
         self.picker.metrics.stream_closed();
+    }
+}
+
+/// The picker's learned-cohorts table, locked only for a placement (as the filter's
+/// shared-data update).
+struct SharedTable<'a>(&'a std::sync::Mutex<LearnedCohorts>);
+
+impl LearnedTable for SharedTable<'_> {
+    fn update(
+        &mut self,
+        place: &mut dyn FnMut(&mut LearnedCohorts) -> Option<Placement>,
+    ) -> Option<Placement> {
+        let mut table = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        place(&mut table)
     }
 }
 

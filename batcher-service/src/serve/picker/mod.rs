@@ -57,6 +57,9 @@ pub struct Picker {
     pub deadline: Duration,
     pub metrics: Arc<PickerMetrics>,
     pub clock: Clock,
+    /// The learned cohorts' table (the filter's `learned_cohorts`), one for the picker as
+    /// one Envoy's shared data holds one for its filters; unused without that setting.
+    pub learned: std::sync::Mutex<cohort_fingerprint::learned::LearnedCohorts>,
     /// Tests: how long each decision waits before it asks the brain (a slow brain).
     #[cfg(test)]
     pub slow_decisions: Duration,
@@ -83,6 +86,7 @@ impl Picker {
             deadline: Duration::from_millis(config.picker.assign_deadline_ms),
             metrics: Arc::new(PickerMetrics::default()),
             clock,
+            learned: std::sync::Mutex::new(Default::default()),
             #[cfg(test)]
             slow_decisions: Duration::ZERO,
         })

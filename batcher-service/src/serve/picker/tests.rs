@@ -793,3 +793,31 @@ async fn a_missing_model_is_fingerprinted_like_any_other() {
     assert!(answer.get("x-cohort-bypass").is_none());
     assert!(answer.get("x-cohort-key").is_some());
 }
+
+#[tokio::test]
+async fn learned_cohorts_are_kept_across_requests_as_in_one_envoy() {
+    let mut h = harness_with(2, |p| p.filter.learned_cohorts = Some(Default::default())).await;
+    let mut keys = Vec::new();
+    for text in [
+        "where is my new card",
+        "my card has not arrived yet",
+        "when will my card get here",
+    ] {
+        let mut s = h.open().await;
+        s.send(post_headers(&[], false, BodySendMode::FullDuplexStreamed))
+            .await;
+        let sent =
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": text}]});
+        s.send(body(sent.to_string().as_bytes(), true)).await;
+        keys.push(
+            written(&s.recv().await)
+                .get("x-cohort-key")
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    assert!(
+        keys.iter().all(|k| *k == keys[0]),
+        "one learned cohort: {keys:?}"
+    );
+}
