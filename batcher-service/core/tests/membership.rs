@@ -136,3 +136,42 @@ fn a_slot_nobody_holds_does_not_make_a_shared_prefix_look_like_a_home() {
     );
     assert_eq!(slot, 1);
 }
+
+#[test]
+fn a_choice_among_some_slots_stays_among_them_and_ranks_the_rest() {
+    let mut p = policy(4);
+    let hot = [21u64, 22, 23];
+    // The prefix lands on some replica; a choice that may not use it goes elsewhere.
+    let home = p.choose(&req(&hot, 0)).replica;
+    let mut allowed = vec![true; 4];
+    allowed[home] = false;
+    for t in 1..40 {
+        let choice = p.choose_among(&req(&hot, t), &allowed);
+        assert_ne!(choice.replica, home);
+        let alternatives = p.alternatives(choice.replica, Some(&allowed));
+        assert_eq!(alternatives.len(), 2);
+        assert!(!alternatives.contains(&home) && !alternatives.contains(&choice.replica));
+        p.end(choice.ticket, 200, t);
+    }
+    // Unrestricted, every other replica is an alternative.
+    let choice = p.choose(&req(&[77], 50));
+    let alternatives = p.alternatives(choice.replica, None);
+    assert_eq!(alternatives.len(), 3);
+    assert!(!alternatives.contains(&choice.replica));
+    // Usability per slot: a failed probe takes one out.
+    p.probe(1, false);
+    assert_eq!(p.usable(60), [true, false, true, true]);
+}
+
+#[test]
+fn a_moved_ticket_moves_its_load() {
+    let mut p = policy(2);
+    let choice = p.choose(&req(&[31], 0));
+    let other = 1 - choice.replica;
+    assert!(p.moved(choice.ticket, other, 1));
+    let in_flight = p.in_flight();
+    assert_eq!((in_flight[choice.replica], in_flight[other]), (0, 1));
+    assert!(!p.moved(choice.ticket, 9, 1), "no such slot");
+    assert!(p.end(choice.ticket, 200, 2).is_some());
+    assert_eq!(p.in_flight(), [0, 0]);
+}

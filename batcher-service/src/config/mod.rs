@@ -33,6 +33,11 @@
 //! [prefetch]
 //! horizon_ms = 3200
 //!
+//! [picker]                        # Gateway API Inference Extension endpoint picker (ext_proc)
+//! listen = "0.0.0.0:9002"         # unset: no picker
+//! filter_config = "/etc/cohort/filter.json"  # the wasm filter's plugin config (JSON); default: its defaults
+//! assign_deadline_ms = 25         # decision deadline; then a fallback endpoint
+//!
 //! [knobs.global]                  # operator defaults and bounds of the client knobs,
 //! prefetch = "medium"             # as the filter's `knobs` (docs/CONTRACT.md, "Knob policy")
 //! max_prefetch = "high"
@@ -85,8 +90,8 @@ mod validate;
 
 pub use args::ServeArgs;
 pub use sections::{
-    BatchSection, DiscoverySection, LoraSection, NeighbourSearch, PolicySection, PrefetchSection,
-    Replica, StoreSection,
+    BatchSection, DiscoverySection, LoraSection, NeighbourSearch, PickerSection, PolicySection,
+    PrefetchSection, Replica, StoreSection,
 };
 pub use validate::ConfigError;
 
@@ -116,6 +121,8 @@ pub struct ServeConfig {
     pub lora: Vec<LoraSection>,
     /// Engine discovery from DNS (instead of `replicas`).
     pub discovery: DiscoverySection,
+    /// The Gateway API Inference Extension endpoint picker (off unless `listen` is set).
+    pub picker: PickerSection,
     /// Deployment secret keying the engine cache salts of batch mode (vLLM `cache_salt`)
     /// and the front's own fingerprints; set it (`COHORT_SALT_SECRET`) to the filter's
     /// `salt_secret`, so salts cannot be guessed from tenant names.
@@ -155,6 +162,7 @@ impl Default for ServeConfig {
             knobs: KnobPolicy::default(),
             lora: Vec::new(),
             discovery: DiscoverySection::default(),
+            picker: PickerSection::default(),
             ui_assets: None,
             salt_secret: String::new(),
             tenant_header: cohort_fingerprint::headers::TENANT.into(),
@@ -232,6 +240,12 @@ impl ServeConfig {
         }
         if let Some(engine) = args.discovery_engine {
             config.discovery.engine = engine;
+        }
+        if let Some(addr) = args.picker_listen {
+            config.picker.listen = Some(addr);
+        }
+        if let Some(path) = &args.picker_filter_config {
+            config.picker.filter_config = Some(path.clone());
         }
         if let Some(balance) = args.balance {
             config.policy.balance = balance;
@@ -420,6 +434,73 @@ mod tests {
             let mut a = args(&["a"]);
             a.config = Some(path.clone());
             let message = err(a);
+            assert!(message.contains(field), "{file:?}: {message}");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_picker_section_reads_flags_and_checks_its_filter_config() {
+        let dir = std::env::temp_dir().join(format!("cohort-config-picker-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("serve.toml");
+        let filter = dir.join("filter.json");
+        std::fs::write(
+            &filter,
+            r#"{"body_limit_bytes": 4096, "tenant_header": "x-org"}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "[[replicas]]\nname = \"a\"\n[picker]\nlisten = \"127.0.0.1:9002\"\n\
+                 filter_config = {:?}\nassign_deadline_ms = 40\n",
+                filter.display().to_string()
+            ),
+        )
+        .unwrap();
+        let mut a = args(&[]);
+        a.config = Some(path.clone());
+        let config = ServeConfig::load(&a, None).unwrap();
+        assert_eq!(
+            config.picker.listen,
+            Some("127.0.0.1:9002".parse().unwrap())
+        );
+        assert_eq!(config.picker.assign_deadline_ms, 40);
+        let parsed = config.picker.filter_config_parsed().unwrap();
+        assert_eq!(
+            (parsed.body_limit_bytes, parsed.tenant_header.as_str()),
+            (4096, "x-org")
+        );
+        assert_eq!(ServeConfig::default().picker, PickerSection::default());
+        assert_eq!(
+            ServeConfig::default().picker.listen,
+            None,
+            "off unless asked"
+        );
+        a.picker_listen = Some("127.0.0.1:9012".parse().unwrap());
+        a.picker_filter_config = Some(dir.join("missing.json"));
+        let message = ServeConfig::load(&a, None).unwrap_err().to_string();
+        assert!(message.contains("picker.filter_config"), "{message}");
+        std::fs::write(&filter, r#"{"body_limit_bytes": 0}"#).unwrap();
+        a.picker_filter_config = Some(filter.clone());
+        let message = ServeConfig::load(&a, None).unwrap_err().to_string();
+        assert!(message.contains("body_limit_bytes"), "{message}");
+        std::fs::write(&filter, "{}").unwrap();
+        let config = ServeConfig::load(&a, None).unwrap();
+        assert_eq!(
+            config.picker.listen,
+            Some("127.0.0.1:9012".parse().unwrap())
+        );
+        for (file, field) in [
+            ("[picker]\nassign_deadline_ms = 0\n", "assign_deadline_ms"),
+            ("[picker]\nlisten = \"nowhere\"\n", "listen"),
+            ("[picker]\nlisen = \"127.0.0.1:1\"\n", "lisen"),
+        ] {
+            std::fs::write(&path, format!("[[replicas]]\nname = \"a\"\n{file}")).unwrap();
+            let mut b = args(&[]);
+            b.config = Some(path.clone());
+            let message = ServeConfig::load(&b, None).unwrap_err().to_string();
             assert!(message.contains(field), "{file:?}: {message}");
         }
         std::fs::remove_dir_all(dir).unwrap();

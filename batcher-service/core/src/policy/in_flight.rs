@@ -206,6 +206,31 @@ impl InFlight {
         })
     }
 
+    /// `ticket`'s request is served by `replica` instead of the replica it was opened
+    /// for: a ticket still pending leaves its queue there (no rate is learnt from it), and
+    /// its in-flight count moves to `replica`. Unknown tickets and replicas are ignored.
+    pub fn moved(&mut self, ticket: u64, replica: usize, now_ms: u64) -> bool {
+        if replica >= self.replicas.len() {
+            return false;
+        }
+        let Some(entry) = self.tickets.get_mut(&ticket) else {
+            return false;
+        };
+        let t = *entry;
+        if t.replica == replica {
+            return true;
+        }
+        entry.replica = replica;
+        entry.prefilled = true;
+        if !t.prefilled {
+            self.unpend(&t, now_ms);
+        }
+        let from = &mut self.replicas[t.replica];
+        from.in_flight = from.in_flight.saturating_sub(1);
+        self.replicas[replica].in_flight += 1;
+        true
+    }
+
     /// Closes tickets older than the TTL (their reports are not coming).
     pub fn expire(&mut self, now_ms: u64) {
         let ttl = self.ttl_ms;
@@ -299,6 +324,25 @@ impl InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_moved_ticket_counts_where_it_was_served_and_ends_there() {
+        let mut book = InFlight::new(3, 1_000, 10);
+        let t = book.open(0, 100.0, 0);
+        assert!(book.moved(t, 2, 5));
+        assert_eq!(book.replica(0).in_flight, 0);
+        assert_eq!(book.replica(0).pending, 0);
+        assert_eq!(book.replica(0).pending_work, 0.0);
+        assert_eq!(book.replica(2).in_flight, 1);
+        // Its first byte teaches no rate (it queued elsewhere); its end is replica 2's.
+        assert_eq!(book.first_byte(t, 9, 9).map(|r| r.replica), Some(2));
+        assert_eq!(book.replica(2).rate, None);
+        assert_eq!(book.end(t, 200, 10).map(|r| r.replica), Some(2));
+        assert_eq!(book.replica(2).in_flight, 0);
+        assert!(!book.moved(t, 1, 11), "ended");
+        let u = book.open(0, 1.0, 12);
+        assert!(!book.moved(u, 7, 12), "no such replica");
+    }
 
     #[test]
     fn counts_pending_and_in_flight_exactly() {
