@@ -175,7 +175,8 @@ pub fn http_filter<'c>(config: &'c mut Value, name: &str) -> &'c mut Value {
 /// The pool's failure mode: FailOpen (`true`: a request the picker did not answer goes on
 /// without an endpoint, to the cluster's fallback policy) or FailClose (`false`: 5xx).
 pub fn set_picker_fail_open(config: &mut Value, fail_open: bool) {
-    http_filter(config, "envoy.filters.http.ext_proc")["failure_mode_allow"] = Value::from(fail_open);
+    http_filter(config, "envoy.filters.http.ext_proc")["failure_mode_allow"] =
+        Value::from(fail_open);
 }
 
 /// How ext_proc sends the request body to the picker.
