@@ -168,7 +168,8 @@ fn requests_land_only_on_the_endpoint_the_picker_returned_and_a_prefix_stays() {
 #[test]
 fn the_fallback_list_is_used_when_the_first_endpoint_refuses() {
     // The batcher probes its replicas once an hour: it still counts a stopped replica
-    // in, so the picker names it first, and Envoy must go down the list.
+    // in, so the picker names it first for the prefix it holds, and Envoy must go down
+    // the list.
     let mut stack = Stack::picker()
         .serve_toml("[batch]\nscrape_interval_s = 3600\n")
         .start();
@@ -176,6 +177,9 @@ fn the_fallback_list_is_used_when_the_first_endpoint_refuses() {
     let first = landed_as_picked(&stack, &body, &send(&stack, &body));
     stack.stop_upstream(first);
     let retries = stack.envoy.stat("cluster.inference-pool.upstream_rq_retry");
+    let reattributed = "cohort_picker_reattributed_total";
+    let moved = stack.batcher().metric(reattributed);
+    let mut refused = 0;
     for question in 1..4 {
         let body = chat(7, question);
         let response = send(&stack, &body);
@@ -192,20 +196,33 @@ fn the_fallback_list_is_used_when_the_first_endpoint_refuses() {
         assert_eq!(found.len(), 1, "question {question}");
         let (i, received) = &found[0];
         let listed = destinations(received);
+        if question == 1 {
+            assert_eq!(
+                listed[0],
+                stack.endpoint(first),
+                "the prefix's holder first"
+            );
+        }
+        // Served by the first endpoint of the list that did not refuse.
+        let expected = listed.iter().find(|e| **e != stack.endpoint(first));
         assert_eq!(
-            listed[0],
-            stack.endpoint(first),
-            "the picker's first choice"
-        );
-        assert_eq!(
-            listed.get(1),
+            expected,
             Some(&stack.endpoint(*i)),
-            "served by replica-{i}, not the first fallback of {listed:?}"
+            "served by replica-{i}; listed {listed:?}"
         );
+        refused += usize::from(listed[0] == stack.endpoint(first));
     }
     assert!(
-        stack.envoy.stat("cluster.inference-pool.upstream_rq_retry") >= retries + 3,
+        stack.envoy.stat("cluster.inference-pool.upstream_rq_retry") >= retries + refused as u64,
         "Envoy did not retry"
+    );
+    // The picker learnt which endpoint served each of them (the served endpoint's report).
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            stack.batcher().metric(reattributed) >= moved + refused as f64
+        }),
+        "{}",
+        stack.batcher().metrics()
     );
 }
 
