@@ -17,6 +17,7 @@ mod discovery;
 mod fleet;
 mod front;
 mod metrics;
+mod picker;
 mod serve;
 
 use clap::{Parser, Subcommand};

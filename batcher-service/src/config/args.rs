@@ -58,6 +58,13 @@ pub struct ServeArgs {
     /// The discovered engines' adapter (health path): llamacpp, vllm, sglang, tgi, …
     #[arg(long, env = "COHORT_DISCOVERY_ENGINE", value_parser = parse_engine)]
     pub discovery_engine: Option<EngineKind>,
+    /// The endpoint picker's gRPC listen address (Envoy ext_proc and gRPC health); unset:
+    /// no picker.
+    #[arg(long, env = "COHORT_PICKER_LISTEN")]
+    pub picker_listen: Option<SocketAddr>,
+    /// The wasm filter's plugin configuration (JSON) the picker fingerprints under.
+    #[arg(long, env = "COHORT_PICKER_FILTER_CONFIG")]
+    pub picker_filter_config: Option<PathBuf>,
     /// Balance bound (see the policy).
     #[arg(long, env = "COHORT_BALANCE")]
     pub balance: Option<f64>,

@@ -33,6 +33,11 @@
 //! [prefetch]
 //! horizon_ms = 3200
 //!
+//! [picker]                        # Gateway API Inference Extension endpoint picker (ext_proc)
+//! listen = "0.0.0.0:9002"         # unset: no picker
+//! filter_config = "/etc/cohort/filter.json"  # the wasm filter's plugin config (JSON); default: its defaults
+//! assign_deadline_ms = 25         # decision deadline; then a fallback endpoint
+//!
 //! [knobs.global]                  # operator defaults and bounds of the client knobs,
 //! prefetch = "medium"             # as the filter's `knobs` (docs/CONTRACT.md, "Knob policy")
 //! max_prefetch = "high"
@@ -85,8 +90,8 @@ mod validate;
 
 pub use args::ServeArgs;
 pub use sections::{
-    BatchSection, DiscoverySection, LoraSection, NeighbourSearch, PolicySection, PrefetchSection,
-    Replica, StoreSection,
+    BatchSection, DiscoverySection, LoraSection, NeighbourSearch, PickerSection, PolicySection,
+    PrefetchSection, Replica, StoreSection,
 };
 pub use validate::ConfigError;
 
@@ -116,6 +121,8 @@ pub struct ServeConfig {
     pub lora: Vec<LoraSection>,
     /// Engine discovery from DNS (instead of `replicas`).
     pub discovery: DiscoverySection,
+    /// The Gateway API Inference Extension endpoint picker (off unless `listen` is set).
+    pub picker: PickerSection,
     /// Deployment secret keying the engine cache salts of batch mode (vLLM `cache_salt`)
     /// and the front's own fingerprints; set it (`COHORT_SALT_SECRET`) to the filter's
     /// `salt_secret`, so salts cannot be guessed from tenant names.
@@ -155,6 +162,7 @@ impl Default for ServeConfig {
             knobs: KnobPolicy::default(),
             lora: Vec::new(),
             discovery: DiscoverySection::default(),
+            picker: PickerSection::default(),
             ui_assets: None,
             salt_secret: String::new(),
             tenant_header: cohort_fingerprint::headers::TENANT.into(),
@@ -232,6 +240,12 @@ impl ServeConfig {
         }
         if let Some(engine) = args.discovery_engine {
             config.discovery.engine = engine;
+        }
+        if let Some(addr) = args.picker_listen {
+            config.picker.listen = Some(addr);
+        }
+        if let Some(path) = &args.picker_filter_config {
+            config.picker.filter_config = Some(path.clone());
         }
         if let Some(balance) = args.balance {
             config.policy.balance = balance;

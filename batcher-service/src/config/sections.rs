@@ -1,7 +1,7 @@
 //! The tables of the configuration file, one struct each, with their defaults: the
 //! engine replicas (`[[replicas]]`), batch mode's front (`[batch]`), prefetch
-//! (`[prefetch]`), LoRA adapters (`[[lora]]`), the replica policy (`[policy]`) and the
-//! fingerprint store (`[store]`). What each field means is on the field; the file's
+//! (`[prefetch]`), LoRA adapters (`[[lora]]`), the replica policy (`[policy]`), the
+//! fingerprint store (`[store]`) and the endpoint picker (`[picker]`). What each field means is on the field; the file's
 //! overall shape is in [`super`].
 
 use axum::http::Uri;
@@ -179,6 +179,47 @@ impl Default for DiscoverySection {
             interval_s: 5,
             engine: EngineKind::default(),
         }
+    }
+}
+
+/// `[picker]`: the Gateway API Inference Extension endpoint picker (Envoy ext_proc).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PickerSection {
+    /// Where the picker's gRPC server listens (`envoy.service.ext_proc.v3.ExternalProcessor`
+    /// and `grpc.health.v1.Health`); unset: no picker.
+    pub listen: Option<SocketAddr>,
+    /// A JSON file in the wasm filter's plugin-configuration schema: the picker
+    /// fingerprints with the filter's code under it (body limit, API paths, tenant header,
+    /// salt secret, header names, knob policy). Unset: the filter's defaults.
+    pub filter_config: Option<std::path::PathBuf>,
+    /// How long a decision may take before the picker answers with a fallback endpoint
+    /// (`x-cohort-bypass: batcher_timeout`), ms; as the filter's `assign_deadline_ms`.
+    pub assign_deadline_ms: u64,
+}
+
+impl Default for PickerSection {
+    fn default() -> Self {
+        PickerSection {
+            listen: None,
+            filter_config: None,
+            assign_deadline_ms: 25,
+        }
+    }
+}
+
+impl PickerSection {
+    /// The filter configuration the picker fingerprints under: the file's, parsed and
+    /// checked by the filter's own code, or the filter's defaults. The error names the
+    /// field and says why.
+    pub fn filter_config_parsed(&self) -> Result<cohort_filter::config::FilterConfig, String> {
+        let Some(path) = &self.filter_config else {
+            return Ok(cohort_filter::config::FilterConfig::default());
+        };
+        let bytes = std::fs::read(path)
+            .map_err(|e| format!("filter_config: cannot read {}: {e}", path.display()))?;
+        cohort_filter::config::FilterConfig::parse(&bytes)
+            .map_err(|e| format!("filter_config {}: {e}", path.display()))
     }
 }
 

@@ -50,6 +50,8 @@ pub enum ConfigError {
     Headers(#[from] HeaderNameError),
     #[error(transparent)]
     Knobs(#[from] KnobPolicyError),
+    #[error("picker.{0}")]
+    Picker(String),
 }
 
 impl ServeConfig {
@@ -101,7 +103,24 @@ impl ServeConfig {
                 return Err(ConfigError::Cost(name, value));
             }
         }
+        self.validate_picker()?;
         self.validate_front()
+    }
+
+    /// `[picker]`: a deadline of 1 ms to 10 s (the filter's bounds), and a filter
+    /// configuration that reads and parses (the picker would otherwise fingerprint under
+    /// settings other than the filter's).
+    fn validate_picker(&self) -> Result<(), ConfigError> {
+        let p = &self.picker;
+        if !(1..=10_000).contains(&p.assign_deadline_ms) {
+            return Err(ConfigError::Picker(format!(
+                "assign_deadline_ms must be 1 to 10000, got {}",
+                p.assign_deadline_ms
+            )));
+        }
+        p.filter_config_parsed()
+            .map(|_| ())
+            .map_err(ConfigError::Picker)
     }
 
     fn validate_front(&self) -> Result<(), ConfigError> {

@@ -6,6 +6,9 @@
 //! `[discovery]`, one task keeps the replica set from DNS and probes it
 //! ([`crate::discovery`]).
 //!
+//! With `[picker] listen`, the endpoint picker ([`crate::picker`]) serves Envoy's ext_proc
+//! and gRPC health on its own port over the same brain.
+//!
 //! Shutdown (SIGTERM or Ctrl-C) runs in two stages. First, for `drain_delay_ms`, everything
 //! keeps serving while the batcher tells its callers to go elsewhere: `/readyz` and the
 //! front's `/health` answer 503, and every front answer carries `connection: close` (and
@@ -127,6 +130,26 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         front
     });
 
+    let picker = match config.picker.listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for the endpoint picker on {addr}"))?;
+            info!(picker = %listener.local_addr()?, "endpoint picker listening");
+            let picker = Arc::new(crate::picker::Picker::new(&config, Arc::clone(&brain), clock)?);
+            metrics.add(Arc::new({
+                let metrics = Arc::clone(&picker.metrics);
+                move |scrape: &mut Scrape<'_>| metrics.write_metrics(scrape)
+            }));
+            Some(crate::picker::serve(
+                listener,
+                picker,
+                stop_rx.clone(),
+                Arc::clone(&draining),
+            ))
+        }
+        None => None,
+    };
     let service = grpc::BatcherService {
         brain: Arc::clone(&brain),
         front: front.clone(),
@@ -213,6 +236,13 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         let (grpc, http, _) = tokio::join!(grpc, http, upkeep);
         for task in front_tasks {
             let _ = task.await;
+        }
+        if let Some((server, health)) = picker {
+            let _ = health.await;
+            server
+                .await
+                .context("endpoint picker task")?
+                .context("endpoint picker")?;
         }
         // Then the front's own requests (warm-ups) still running.
         if let Some(front) = &front {

@@ -206,6 +206,31 @@ impl InFlight {
         })
     }
 
+    /// `ticket`'s request is served by `replica` instead of the replica it was opened
+    /// for: a ticket still pending leaves its queue there (no rate is learnt from it), and
+    /// its in-flight count moves to `replica`. Unknown tickets and replicas are ignored.
+    pub fn moved(&mut self, ticket: u64, replica: usize, now_ms: u64) -> bool {
+        if replica >= self.replicas.len() {
+            return false;
+        }
+        let Some(entry) = self.tickets.get_mut(&ticket) else {
+            return false;
+        };
+        let t = *entry;
+        if t.replica == replica {
+            return true;
+        }
+        entry.replica = replica;
+        entry.prefilled = true;
+        if !t.prefilled {
+            self.unpend(&t, now_ms);
+        }
+        let from = &mut self.replicas[t.replica];
+        from.in_flight = from.in_flight.saturating_sub(1);
+        self.replicas[replica].in_flight += 1;
+        true
+    }
+
     /// Closes tickets older than the TTL (their reports are not coming).
     pub fn expire(&mut self, now_ms: u64) {
         let ttl = self.ttl_ms;

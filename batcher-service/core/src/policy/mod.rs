@@ -124,6 +124,8 @@ pub struct Policy {
     reasons: [u64; ChoiceReason::ALL.len()],
     /// This decision's candidates, one per replica (reused across decisions).
     candidates: Vec<Candidate>,
+    /// While [`Policy::choose_among`] decides: the slots it may choose.
+    allowed: Option<Vec<bool>>,
 }
 
 /// SplitMix64 finaliser: spreads a block hash (or id) over all 64 bits.
@@ -178,6 +180,7 @@ impl Policy {
             decisions: 0,
             reasons: [0; ChoiceReason::ALL.len()],
             candidates: vec![Candidate::default(); n],
+            allowed: None,
             config,
         }
     }
@@ -287,7 +290,11 @@ impl Policy {
                 load: self.estimated.load(r, now),
                 prefill: uncached + base,
                 projected: 0.0,
-                usable: self.health.usable(r, now, any_available),
+                usable: self.health.usable(r, now, any_available)
+                    && self
+                        .allowed
+                        .as_ref()
+                        .is_none_or(|a| a.get(r).copied().unwrap_or(false)),
                 blocks_held: self.states[r].len(),
                 owner_rank: Owners::rank(owners, r),
                 similar_rank: u8::from(similar == Some(r)),
@@ -400,6 +407,50 @@ impl Policy {
             reason,
             ticket,
         }
+    }
+
+    /// [`Policy::choose`] restricted to the slots `allowed` marks (an endpoint picker's
+    /// subset hint). Callers check [`Policy::usable`] first: with no allowed slot usable,
+    /// the choice falls back as `choose` does when nothing is usable.
+    pub fn choose_among(&mut self, req: &RouteRequest<'_>, allowed: &[bool]) -> Choice {
+        self.allowed = Some(allowed.to_vec());
+        let choice = self.choose(req);
+        self.allowed = None;
+        choice
+    }
+
+    /// Per slot: whether a decision at `now_ms` may choose it (present, probed, not held
+    /// out for errors; or, when no replica is available, any proven one).
+    pub fn usable(&self, now_ms: u64) -> Vec<bool> {
+        let any = self.health.any_available(now_ms);
+        (0..self.states.len())
+            .map(|r| self.health.usable(r, now_ms, any))
+            .collect()
+    }
+
+    /// After a decision that chose `chosen`: the other replicas that decision could use
+    /// (and `allowed` marks, when given), in its order of preference: within the load
+    /// bound's reach first by the longer prefix held, then by the lower projected cost.
+    /// What a proxy tries next when `chosen` refuses (an endpoint picker's fallbacks).
+    pub fn alternatives(&self, chosen: usize, allowed: Option<&[bool]>) -> Vec<usize> {
+        let mut others: Vec<usize> = (0..self.candidates.len())
+            .filter(|&r| r != chosen && self.candidates[r].usable)
+            .filter(|&r| allowed.is_none_or(|a| a.get(r).copied().unwrap_or(false)))
+            .collect();
+        let c = &self.candidates;
+        others.sort_by(|&a, &b| {
+            c[b].matched
+                .cmp(&c[a].matched)
+                .then(c[a].projected.total_cmp(&c[b].projected))
+        });
+        others
+    }
+
+    /// `ticket`'s request was served by `replica`, not by the replica it was decided for
+    /// (the proxy went down its fallback list): its in-flight count moves there, and its
+    /// end report then speaks for `replica`. Returns false for an unknown ticket.
+    pub fn moved(&mut self, ticket: u64, replica: usize, now_ms: u64) -> bool {
+        replica < self.states.len() && self.live.moved(ticket, replica, now_ms)
     }
 
     /// The first response byte of `ticket`'s request went by, `elapsed_ms` after the

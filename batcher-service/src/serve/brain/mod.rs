@@ -24,6 +24,7 @@ mod members;
 pub(crate) use lookup::space;
 pub use members::Member;
 mod metrics;
+pub(crate) mod pick;
 mod report;
 #[cfg(test)]
 mod store_parity;
@@ -407,6 +408,17 @@ impl Brain {
         assign: &pb::AssignRequest,
         now_ms: u64,
     ) -> Result<pb::AssignReply, BrainError> {
+        self.decide(assign, now_ms, None).map(|d| d.reply)
+    }
+
+    /// [`Brain::assign`], restricted to the slots `among` marks when given; then also
+    /// the decision's slot and its alternatives ([`pick`]).
+    fn decide(
+        &self,
+        assign: &pb::AssignRequest,
+        now_ms: u64,
+        among: Option<&[bool]>,
+    ) -> Result<pick::Decided, BrainError> {
         let started = std::time::Instant::now();
         let request = assign.request.as_ref().ok_or(BrainError::NoFingerprint)?;
         let fp = request
@@ -425,12 +437,12 @@ impl Brain {
             })
             .unwrap_or_default();
         let cohort = found.cohort;
-        let (choice, rate, member) = {
+        let (choice, rate, member, alternatives) = {
             let mut policy = lock(&self.policy);
             if !policy.choosable(now_ms) {
                 return Err(BrainError::NoReplicas);
             }
-            let choice = policy.choose(&RouteRequest {
+            let route = RouteRequest {
                 blocks: &fp.blocks,
                 cohort,
                 similar: found.similar,
@@ -438,9 +450,20 @@ impl Brain {
                 cost: fp.prompt_bytes / BYTES_PER_TOKEN,
                 now_ms,
                 track: assign.reports_progress,
-            });
+            };
+            let (choice, alternatives) = match among {
+                None => (policy.choose(&route), Vec::new()),
+                Some(among) => {
+                    if !pick::any_usable_among(&policy, among, now_ms) {
+                        return Err(BrainError::NoReplicas);
+                    }
+                    let choice = policy.choose_among(&route, among);
+                    let alternatives = policy.alternatives(choice.replica, Some(among));
+                    (choice, alternatives)
+                }
+            };
             let member = read(&self.members).get(choice.replica).cloned();
-            (choice, policy.prefill_rate_per_ms(), member)
+            (choice, policy.prefill_rate_per_ms(), member, alternatives)
         };
         let member = member.ok_or(BrainError::NoReplicas)?;
         self.counters.assigns.fetch_add(1, Ordering::Relaxed);
@@ -467,7 +490,11 @@ impl Brain {
         if !request.request_id.is_empty() {
             self.audit.assigned(&request.tenant, record, reply.ticket);
         }
-        Ok(reply)
+        Ok(pick::Decided {
+            reply,
+            slot: choice.replica,
+            alternatives,
+        })
     }
 
     /// Adds one Assign decision to its (tenant, route)'s effective-cost counts (keyed by a

@@ -170,6 +170,10 @@ impl LiveLoad {
         self.in_flight.end(ticket, status, now_ms)
     }
 
+    pub fn moved(&mut self, ticket: u64, replica: usize, now_ms: u64) -> bool {
+        self.in_flight.moved(ticket, replica, now_ms)
+    }
+
     pub fn expire(&mut self, now_ms: u64) {
         self.in_flight.expire(now_ms);
     }
