@@ -173,7 +173,8 @@ pub fn http_filter<'c>(config: &'c mut Value, name: &str) -> &'c mut Value {
 }
 
 /// The pool's failure mode: FailOpen (`true`: a request the picker did not answer goes on
-/// without an endpoint, to the cluster's fallback policy) or FailClose (`false`: 5xx).
+/// without an endpoint, to the cluster's fallback policy; it needs the buffered body, see
+/// [`set_picker_body`]) or FailClose (`false`: 5xx).
 pub fn set_picker_fail_open(config: &mut Value, fail_open: bool) {
     http_filter(config, "envoy.filters.http.ext_proc")["failure_mode_allow"] =
         Value::from(fail_open);

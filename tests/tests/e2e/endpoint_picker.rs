@@ -51,7 +51,7 @@ fn chats(stack: &Stack, i: usize) -> Vec<Received> {
         .upstream(i)
         .received()
         .into_iter()
-        .filter(|r| r.path == CHAT)
+        .filter(|r| r.path.ends_with(CHAT))
         .collect()
 }
 
@@ -316,7 +316,10 @@ fn the_served_endpoint_is_reported_back() {
 #[test]
 fn picker_down_fail_open_serves_every_request_from_the_pool() {
     let mut stack = Stack::picker()
-        .envoy_config(|yaml, _| config::set_picker_fail_open(yaml, true))
+        .envoy_config(|yaml, _| {
+            config::set_picker_fail_open(yaml, true);
+            config::set_picker_body(yaml, PickerBody::Buffered);
+        })
         .start();
     let body = chat(0, 0);
     landed_as_picked(&stack, &body, &send(&stack, &body));
