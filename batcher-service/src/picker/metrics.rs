@@ -84,6 +84,11 @@ impl PickerMetrics {
         self.streams_open.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Streams open now.
+    pub fn streams_open(&self) -> i64 {
+        self.streams_open.load(Ordering::Relaxed)
+    }
+
     pub fn reattributed(&self) {
         self.reattributed.fetch_add(1, Ordering::Relaxed);
     }
@@ -122,10 +127,10 @@ impl PickerMetrics {
             "Time from the end of the request body (or the headers) to the picker's answer.",
             &self.decision_seconds,
         );
-        scrape.gauge(
+        scrape.count_gauge(
             "cohort_picker_streams_open",
             "ext_proc streams open (one per HTTP request in Envoy).",
-            self.streams_open.load(Ordering::Relaxed) as f64,
+            u64::try_from(self.streams_open()).unwrap_or(0),
         );
         scrape.counter(
             "cohort_picker_reattributed_total",

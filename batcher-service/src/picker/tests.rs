@@ -362,3 +362,374 @@ async fn buffered_headers_then_body_answers_the_endpoint_and_the_filters_headers
     assert_eq!(record.replica, shard);
     assert_eq!(record.status, Some(200));
 }
+
+#[tokio::test]
+async fn full_duplex_holds_the_body_then_answers_headers_and_echoes_every_chunk_in_order() {
+    let mut h = harness(3).await;
+    let mut s = h.open().await;
+    s.send(post_headers(&[], false, BodySendMode::FullDuplexStreamed))
+        .await;
+    let bytes = CHAT.as_bytes();
+    let chunks: Vec<&[u8]> = bytes.chunks(17).collect();
+    for (i, chunk) in chunks.iter().enumerate() {
+        s.send(body(chunk, i + 1 == chunks.len())).await;
+    }
+    let headers = s.recv().await;
+    assert!(is_headers_answer(&headers), "headers first: {headers:?}");
+    let answer = written(&headers);
+    assert_eq!(endpoints_of(answer.destination()).len(), 3);
+    assert!(answer.get("x-cohort-key").is_some());
+    let mut echoed = Vec::new();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let (back, eos) = streamed(&s.recv().await);
+        assert_eq!(back, *chunk, "chunk {i} unchanged");
+        assert_eq!(eos, i + 1 == chunks.len());
+        echoed.extend(back);
+    }
+    assert_eq!(echoed, bytes);
+    s.quiet().await;
+}
+
+#[tokio::test]
+async fn full_duplex_with_trailers_decides_at_the_trailers() {
+    let mut h = harness(2).await;
+    let mut s = h.open().await;
+    s.send(post_headers(&[], false, BodySendMode::FullDuplexStreamed))
+        .await;
+    let (a, b) = CHAT.as_bytes().split_at(40);
+    s.send(body(a, false)).await;
+    s.send(body(b, false)).await;
+    s.quiet().await;
+    s.send(trailers()).await;
+    assert!(is_headers_answer(&s.recv().await));
+    assert_eq!(streamed(&s.recv().await), (a.to_vec(), false));
+    assert_eq!(streamed(&s.recv().await), (b.to_vec(), false));
+    assert!(matches!(
+        s.recv().await.response,
+        Some(processing_response::Response::RequestTrailers(_))
+    ));
+}
+
+#[tokio::test]
+async fn an_over_size_body_is_answered_when_the_limit_passes_and_streams_on() {
+    let mut h = harness_with(2, |p| p.filter.body_limit_bytes = 64).await;
+    let mut s = h.open().await;
+    s.send(post_headers(&[], false, BodySendMode::FullDuplexStreamed))
+        .await;
+    let big = vec![b'x'; 50];
+    s.send(body(&big, false)).await;
+    s.quiet().await;
+    s.send(body(&big, false)).await;
+    let answer = written(&s.recv().await);
+    assert_eq!(answer.get("x-cohort-bypass"), Some("body_too_large"));
+    assert!(answer.get("x-cohort-key").is_none());
+    assert_eq!(endpoints_of(answer.destination()).len(), 2);
+    assert_eq!(streamed(&s.recv().await), (big.clone(), false));
+    assert_eq!(streamed(&s.recv().await), (big.clone(), false));
+    // Later chunks pass as they come.
+    s.send(body(b"tail", true)).await;
+    assert_eq!(streamed(&s.recv().await), (b"tail".to_vec(), true));
+    // A content-length over the limit is answered at the headers.
+    let mut s = h.open().await;
+    s.send(post_headers(
+        &[("content-length", "100000")],
+        false,
+        BodySendMode::FullDuplexStreamed,
+    ))
+    .await;
+    let answer = written(&s.recv().await);
+    assert_eq!(answer.get("x-cohort-bypass"), Some("body_too_large"));
+    s.send(body(b"abc", true)).await;
+    assert_eq!(streamed(&s.recv().await), (b"abc".to_vec(), true));
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_json_is_bypassed_with_the_body_intact() {
+    let mut h = harness(2).await;
+    for (sent, why) in [
+        (&b"{not json"[..], "invalid_json"),
+        (b"[1,2]", "unknown_shape"),
+        (br#"{"model":7,"messages":[]}"#, "malformed_request"),
+        (br#"{"model":"m","input_ids":[1,2]}"#, "malformed_request"),
+    ] {
+        let mut s = h.open().await;
+        s.send(post_headers(&[], false, BodySendMode::FullDuplexStreamed))
+            .await;
+        s.send(body(sent, true)).await;
+        let answer = written(&s.recv().await);
+        assert_eq!(answer.get("x-cohort-bypass"), Some(why), "{sent:?}");
+        assert_eq!(endpoints_of(answer.destination()).len(), 2);
+        assert_eq!(streamed(&s.recv().await), (sent.to_vec(), true));
+    }
+    // Buffered: the same reason, in the body's answer; the body is not touched.
+    let mut s = h.open().await;
+    s.send(post_headers(&[], false, BodySendMode::Buffered)).await;
+    s.recv().await;
+    s.send(body(b"{not json", true)).await;
+    let response = s.recv().await;
+    let answer = written(&response);
+    assert_eq!(answer.get("x-cohort-bypass"), Some("invalid_json"));
+    let Some(processing_response::Response::RequestBody(b)) = &response.response else {
+        panic!()
+    };
+    assert!(b.response.as_ref().unwrap().body_mutation.is_none());
+}
+
+#[tokio::test]
+async fn requests_without_a_body_or_off_the_api_are_routed_at_their_headers() {
+    let mut h = harness(2).await;
+    // A POST to an API path with no body.
+    let mut s = h.open().await;
+    s.send(post_headers(&[], true, BodySendMode::Buffered)).await;
+    let answer = written(&s.recv().await);
+    assert_eq!(answer.get("x-cohort-bypass"), Some("no_body"));
+    assert_eq!(endpoints_of(answer.destination()).len(), 2);
+    // A GET elsewhere.
+    let mut s = h.open().await;
+    let mut get = post_headers(&[], true, BodySendMode::Buffered);
+    if let Some(processing_request::Request::RequestHeaders(hh)) = &mut get.request {
+        hh.headers = Some(header_map(&[(":method", "GET"), (":path", "/v1/models")]));
+    }
+    s.send(get).await;
+    let answer = written(&s.recv().await);
+    assert_eq!(answer.get("x-cohort-bypass"), Some("not_api_request"));
+    assert!(!answer.destination().is_empty());
+    // Each holds a ticket until its stream ends.
+    assert_eq!(h.in_flight(), 2);
+}
+
+#[tokio::test]
+async fn the_subset_hint_is_honoured_and_an_empty_or_foreign_one_gets_503() {
+    let mut h = harness(4).await;
+    for _ in 0..10 {
+        let mut s = h.open().await;
+        let subset = protocol::subset_metadata(&["10.0.0.1:8000", "10.0.0.3:8000"]);
+        s.send(with_metadata(
+            post_headers(&[], false, BodySendMode::FullDuplexStreamed),
+            subset,
+        ))
+        .await;
+        s.send(body(CHAT.as_bytes(), true)).await;
+        let answer = written(&s.recv().await);
+        let list = endpoints_of(answer.destination());
+        assert_eq!(list.len(), 2, "only the subset: {list:?}");
+        assert!(list.iter().all(|e| ["10.0.0.1:8000", "10.0.0.3:8000"].contains(e)));
+    }
+    for subset in [vec![], vec!["10.9.9.9:8000"]] {
+        let mut s = h.open().await;
+        s.send(with_metadata(
+            post_headers(&[], false, BodySendMode::FullDuplexStreamed),
+            protocol::subset_metadata(&subset),
+        ))
+        .await;
+        s.send(body(CHAT.as_bytes(), true)).await;
+        assert_eq!(immediate_status(&s.recv().await), 503, "{subset:?}");
+        s.quiet().await;
+    }
+    // Also at the headers (no body).
+    let mut s = h.open().await;
+    s.send(with_metadata(
+        post_headers(&[], true, BodySendMode::Buffered),
+        protocol::subset_metadata(&[]),
+    ))
+    .await;
+    assert_eq!(immediate_status(&s.recv().await), 503);
+    let page = crate::metrics::render_one({
+        let metrics = Arc::clone(&h.picker.metrics);
+        move |scrape: &mut crate::metrics::Scrape<'_>| metrics.write_metrics(scrape)
+    });
+    assert!(
+        page.contains("cohort_picker_requests_total{outcome=\"subset_empty\"} 3"),
+        "{page}"
+    );
+    assert!(page.contains("cohort_picker_requests_total{outcome=\"picked\"} 10"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.in_flight(), 0, "every stream closed, refused or not");
+}
+
+#[tokio::test]
+async fn no_ready_replica_gets_503() {
+    let mut h = harness(0).await;
+    let mut s = h.open().await;
+    s.send(post_headers(&[], false, BodySendMode::Buffered)).await;
+    s.recv().await;
+    s.send(body(CHAT.as_bytes(), true)).await;
+    assert_eq!(immediate_status(&s.recv().await), 503);
+    // A replica whose probe has not answered yet is not ready either.
+    let mut h = harness(0).await;
+    h.brain.set_replicas(&[Member {
+        name: "new".into(),
+        endpoint: endpoint(7),
+    }]);
+    let mut s = h.open().await;
+    s.send(post_headers(&[], true, BodySendMode::Buffered)).await;
+    assert_eq!(immediate_status(&s.recv().await), 503);
+}
+
+#[tokio::test]
+async fn the_fingerprint_is_the_filters() {
+    use cohort_filter::config::FilterConfig;
+    use cohort_filter::decision;
+    let mut h = harness(3).await;
+    let extra = [("x-cohort-tenant", "acme"), ("x-cohort-semantic-mode", "topic")];
+    {
+        let mut s = h.open().await;
+        s.send(post_headers(&extra, false, BodySendMode::FullDuplexStreamed))
+            .await;
+        s.send(body(CHAT.as_bytes(), true)).await;
+        let answer = written(&s.recv().await);
+        let config = FilterConfig::default();
+        let mut pairs: Vec<(String, String)> = vec![
+            (":method".into(), "POST".into()),
+            (":path".into(), "/v1/chat/completions".into()),
+            (":authority".into(), "llm.test".into()),
+            ("content-type".into(), "application/json".into()),
+        ];
+        pairs.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let decision::HeadersVerdict::Buffer(plan) = decision::inspect_headers(&config, &pairs, None)
+        else {
+            panic!()
+        };
+        let routing = decision::route_body(&config, &plan, CHAT.as_bytes()).unwrap();
+        for (name, value) in &routing.headers {
+            if name == "x-cohort-cluster" && answer.get("x-cohort-shard").is_some() {
+                // The brain may name its own cohort (as in assign mode).
+                continue;
+            }
+            assert_eq!(answer.get(name), Some(value.as_str()), "{name}");
+        }
+        // The client's tenant header is not trusted by default: removed upstream.
+        assert!(answer.removed.contains(&"x-cohort-tenant".to_owned()));
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_stream_ends_its_ticket_exactly_once() {
+    let mut h = harness(2).await;
+    let mut s = h.open().await;
+    s.send(post_headers(&[], false, BodySendMode::Buffered)).await;
+    s.recv().await;
+    s.send(body(CHAT.as_bytes(), true)).await;
+    s.recv().await;
+    assert_eq!(h.in_flight(), 1);
+    // The client goes away mid-request (no response yet).
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(h.in_flight(), 0);
+    assert_eq!(h.picker.metrics.streams_open(), 0);
+    // A stream whose response ended, then closed, reports one end only.
+    let mut s = h.open().await;
+    s.send(post_headers(&[], false, BodySendMode::Buffered)).await;
+    s.recv().await;
+    s.send(body(CHAT.as_bytes(), true)).await;
+    s.recv().await;
+    s.send(response_headers("200", None, true)).await;
+    s.recv().await;
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(h.in_flight(), 0);
+    let page = crate::metrics::render_one({
+        let brain = Arc::clone(&h.brain);
+        move |scrape: &mut crate::metrics::Scrape<'_>| brain.write_metrics(scrape, 0)
+    });
+    // Two requests, two ends, no report under an unknown ticket.
+    assert!(
+        page.contains("cohort_progress_reports_total{phase=\"end\"} 2.0"),
+        "{page}"
+    );
+    assert!(
+        page.contains("cohort_progress_reports_total{phase=\"unknown\"} 0.0"),
+        "{page}"
+    );
+    assert_eq!(h.picker.metrics.streams_open(), 0);
+}
+
+#[tokio::test]
+async fn a_response_served_by_a_fallback_moves_the_load_there() {
+    let mut h = harness(3).await;
+    let mut s = h.open().await;
+    s.send(post_headers(&[], false, BodySendMode::Buffered)).await;
+    s.recv().await;
+    s.send(body(CHAT.as_bytes(), true)).await;
+    let answer = written(&s.recv().await);
+    let list: Vec<String> = endpoints_of(answer.destination())
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    let before = h.brain.in_flight();
+    let slot_of = |e: &str| e.trim_start_matches("10.0.0.").trim_end_matches(":8000").parse::<usize>().unwrap();
+    assert_eq!(before[slot_of(&list[0])], 1);
+    s.send(response_headers("200", Some(&list[1]), false)).await;
+    s.recv().await;
+    use crate::front::LiveFleet;
+    let after = h.brain.in_flight();
+    assert_eq!(after[slot_of(&list[0])], 0);
+    assert_eq!(after[slot_of(&list[1])], 1);
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(h.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn a_slow_brain_is_answered_by_key_after_the_deadline() {
+    let mut h = harness_with(3, |p| {
+        p.deadline = Duration::from_millis(20);
+        p.slow_decisions = Duration::from_millis(200);
+    })
+    .await;
+    let mut s = h.open().await;
+    s.send(post_headers(&[], false, BodySendMode::Buffered)).await;
+    s.recv().await;
+    s.send(body(CHAT.as_bytes(), true)).await;
+    let answer = written(&s.recv().await);
+    assert_eq!(answer.get("x-cohort-bypass"), Some("batcher_timeout"));
+    assert!(answer.get("x-cohort-key").is_some());
+    assert_eq!(endpoints_of(answer.destination()).len(), 3);
+    // The late decision's ticket is closed when it comes: nothing stays in flight.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(h.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn health_serves_liveness_always_and_readiness_with_a_ready_replica() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    async fn check(h: &Harness, service: &str) -> ServingStatus {
+        let mut client = HealthClient::new(h.channel.clone());
+        for _ in 0..50 {
+            if let Ok(reply) = client
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+            {
+                return reply.into_inner().status();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("{service} never answered")
+    }
+    let h = harness(1).await;
+    for service in ["", "liveness", "readiness", cohort_ext_proc_proto::SERVICE] {
+        assert_eq!(check(&h, service).await, ServingStatus::Serving, "{service:?}");
+    }
+    let h = harness(0).await;
+    assert_eq!(check(&h, "liveness").await, ServingStatus::Serving);
+    for service in ["readiness", cohort_ext_proc_proto::SERVICE] {
+        assert_eq!(check(&h, service).await, ServingStatus::NotServing, "{service:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_model_is_fingerprinted_like_any_other() {
+    let mut h = harness(2).await;
+    let mut s = h.open().await;
+    s.send(post_headers(&[], false, BodySendMode::FullDuplexStreamed))
+        .await;
+    s.send(body(br#"{"messages":[{"role":"user","content":"hi"}]}"#, true))
+        .await;
+    let answer = written(&s.recv().await);
+    assert!(answer.get("x-cohort-bypass").is_none());
+    assert!(answer.get("x-cohort-key").is_some());
+}
