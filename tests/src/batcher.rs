@@ -39,6 +39,8 @@ pub struct BatcherSpec {
     pub shard_count: u32,
     /// Batch mode's front port (the replicas then carry URLs: `name=http://…`).
     pub front_port: Option<u16>,
+    /// The endpoint picker's port (`--picker-listen`: ext_proc and gRPC health), if any.
+    pub picker_port: Option<u16>,
     /// More `cohort serve` arguments (e.g. `--config FILE`).
     pub extra_args: Vec<String>,
 }
@@ -61,6 +63,7 @@ impl Batcher {
                 spec.grpc_port = crate::free_port();
                 spec.http_port = crate::free_port();
                 spec.front_port = spec.front_port.map(|_| crate::free_port());
+                spec.picker_port = spec.picker_port.map(|_| crate::free_port());
             }
             let log = std::env::temp_dir().join(format!(
                 "cohort-batcher-{}-{}.log",
@@ -98,6 +101,12 @@ impl Batcher {
             .args(
                 spec.front_port
                     .map(|port| ["--front-listen".to_owned(), format!("127.0.0.1:{port}")])
+                    .iter()
+                    .flatten(),
+            )
+            .args(
+                spec.picker_port
+                    .map(|port| ["--picker-listen".to_owned(), format!("127.0.0.1:{port}")])
                     .iter()
                     .flatten(),
             )

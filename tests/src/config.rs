@@ -151,3 +151,77 @@ pub fn mirror_route(config: &mut Value, route: &str, name: &str, port: u16) {
         .push(cluster);
     set_endpoints(config, name, &[port]);
 }
+
+/// Points `istio/envoy/endpoint-picker.yaml` at the picker on `picker_port` (cluster
+/// `cohort-picker`) and at the engine replicas on `replicas` (the pool, `inference-pool`).
+pub fn set_picker_endpoints(config: &mut Value, picker_port: u16, replicas: &[u16]) {
+    set_endpoints(config, "inference-pool", replicas);
+    set_endpoints(config, "cohort-picker", &[picker_port]);
+}
+
+/// The first HTTP filter called `name` in the listener's chain (its `typed_config`).
+pub fn http_filter<'c>(config: &'c mut Value, name: &str) -> &'c mut Value {
+    let filters = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["http_filters"]
+        .as_sequence_mut()
+        .unwrap();
+    let filter = filters
+        .iter_mut()
+        .find(|f| f["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no HTTP filter {name} in the chain"));
+    &mut filter["typed_config"]
+}
+
+/// The pool's failure mode: FailOpen (`true`: a request the picker did not answer goes on
+/// without an endpoint, to the cluster's fallback policy; it needs the buffered body, see
+/// [`set_picker_body`]) or FailClose (`false`: 5xx).
+pub fn set_picker_fail_open(config: &mut Value, fail_open: bool) {
+    http_filter(config, "envoy.filters.http.ext_proc")["failure_mode_allow"] =
+        Value::from(fail_open);
+}
+
+/// How ext_proc sends the request body to the picker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PickerBody {
+    /// `FULL_DUPLEX_STREAMED` with the trailers (the file's default).
+    FullDuplex,
+    /// `BUFFERED`: the whole body in one message, no trailers.
+    Buffered,
+}
+
+/// Sets the ext_proc filter's request body mode (and the trailer mode it needs).
+pub fn set_picker_body(config: &mut Value, body: PickerBody) {
+    let mode = &mut http_filter(config, "envoy.filters.http.ext_proc")["processing_mode"];
+    let (body_mode, trailer_mode) = match body {
+        PickerBody::FullDuplex => ("FULL_DUPLEX_STREAMED", "SEND"),
+        PickerBody::Buffered => ("BUFFERED", "SKIP"),
+    };
+    mode["request_body_mode"] = Value::from(body_mode);
+    mode["request_trailer_mode"] = Value::from(trailer_mode);
+}
+
+/// Writes the pool's subset hint before the picker (the set_metadata filter): filter
+/// metadata `envoy.lb.subset_hint` with `x-gateway-destination-endpoint-subset` listing
+/// `endpoints` (`ip:port`; empty: an empty list, which the picker must answer with 503).
+pub fn set_subset_hint(config: &mut Value, endpoints: &[String]) {
+    let entry = serde_json::json!([{
+        "metadata_namespace": "envoy.lb.subset_hint",
+        "value": {"x-gateway-destination-endpoint-subset": endpoints},
+    }]);
+    http_filter(config, "envoy.filters.http.set_metadata")["metadata"] =
+        serde_yaml::to_value(entry).unwrap();
+}
+
+/// Speaks HTTP/2 without TLS (h2c, prior knowledge) to cluster `name`'s endpoints.
+pub fn set_upstream_h2c(config: &mut Value, name: &str) {
+    let clusters = config["static_resources"]["clusters"]
+        .as_sequence_mut()
+        .unwrap();
+    let cluster = clusters
+        .iter_mut()
+        .find(|c| c["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no cluster {name}"));
+    cluster["typed_extension_protocol_options"]
+        ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"] =
+        serde_yaml::from_str("{http2_protocol_options: {}}").unwrap();
+}

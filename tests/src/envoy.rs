@@ -37,6 +37,18 @@ impl Envoy {
         yaml
     }
 
+    /// `istio/envoy/endpoint-picker.yaml` pointed at the picker (`cohort serve
+    /// --picker-listen`) on `picker_port` and at the engine replicas on `replicas` (the
+    /// pool); FailClose with the body streamed full-duplex, as the file ships
+    /// ([`crate::config::set_picker_fail_open`] and [`crate::config::set_picker_body`] make
+    /// the variants).
+    pub fn endpoint_picker_config(picker_port: u16, replicas: &[u16]) -> serde_yaml::Value {
+        use crate::config;
+        let mut yaml = config::load("endpoint-picker");
+        config::set_picker_endpoints(&mut yaml, picker_port, replicas);
+        yaml
+    }
+
     /// `istio/envoy/batch.yaml` pointed at one batcher shard (gRPC and front) and the engine
     /// replicas on `replicas`, with the given plugin configuration (JSON).
     pub fn batch_config(

@@ -37,6 +37,9 @@ enum Mode {
     Assign,
     /// `istio/envoy/batch.yaml`: marked requests go through the batcher's front.
     Batch,
+    /// `istio/envoy/endpoint-picker.yaml`: no wasm filter; Envoy's ext_proc asks the
+    /// batcher's endpoint picker.
+    Picker,
     /// Another `istio/envoy/<name>.yaml` with no batcher; the test points its clusters at
     /// the engines ([`StackBuilder::envoy_config`]).
     Plain(&'static str),
@@ -89,6 +92,8 @@ pub struct Stack {
     /// Real engines, in order; `None` once stopped (set it to `None` to SIGKILL one).
     pub llamas: Vec<Option<Llama>>,
     dir: Option<PathBuf>,
+    /// Every engine's port, in order, as the stack started them.
+    ports: Vec<u16>,
 }
 
 fn named(count: usize) -> Vec<String> {
@@ -107,6 +112,14 @@ impl Stack {
     /// otherwise), the filter at a 250 ms Assign deadline.
     pub fn batch() -> StackBuilder {
         StackBuilder::new(Mode::Batch)
+    }
+
+    /// The endpoint picker: three recording replicas known to one batcher by URL, its
+    /// picker listening (`--picker-listen`), Envoy from `istio/envoy/endpoint-picker.yaml`
+    /// (ext_proc to the picker, override_host over the replicas). [`StackBuilder::filter`]
+    /// keys become the picker's filter configuration (`--picker-filter-config`).
+    pub fn picker() -> StackBuilder {
+        StackBuilder::new(Mode::Picker)
     }
 
     /// `istio/envoy/<config>.yaml` with the filter and the engines, and no batcher; the
@@ -163,6 +176,11 @@ impl Stack {
         self.llamas[i] = None;
     }
 
+    /// Engine `i` as an endpoint (`ip:port`), as the picker names it.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.ports[i])
+    }
+
     /// The engines' ports, in order (stopped ones included).
     pub fn engine_ports(&self) -> Vec<u16> {
         self.upstreams
@@ -187,7 +205,7 @@ impl StackBuilder {
         let filter = match mode {
             Mode::Assign => json!({"mode": "assign", "assign_deadline_ms": 250}),
             Mode::Batch => json!({"mode": "batch", "assign_deadline_ms": 250}),
-            Mode::Plain(_) => json!({}),
+            Mode::Picker | Mode::Plain(_) => json!({}),
         };
         StackBuilder {
             mode,
@@ -310,22 +328,29 @@ impl StackBuilder {
             )
             .collect();
         let ports: Vec<u16> = engines.iter().map(|(_, port)| *port).collect();
-        let dir = self.serve_toml.as_ref().map(|toml| {
+        let picker_filter = (self.mode == Mode::Picker && self.filter != json!({}))
+            .then(|| self.filter.to_string());
+        let dir = (self.serve_toml.is_some() || picker_filter.is_some()).then(|| {
             let dir = std::env::temp_dir().join(format!(
                 "cohort-stack-{}-{}",
                 std::process::id(),
                 crate::free_port()
             ));
             std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(dir.join("serve.toml"), toml).unwrap();
+            if let Some(toml) = &self.serve_toml {
+                std::fs::write(dir.join("serve.toml"), toml).unwrap();
+            }
+            if let Some(filter) = &picker_filter {
+                std::fs::write(dir.join("picker-filter.json"), filter).unwrap();
+            }
             dir
         });
         let batchers = match self.mode {
             Mode::Plain(_) => Vec::new(),
-            Mode::Assign | Mode::Batch => self.batchers(&engines, dir.as_deref()),
+            Mode::Assign | Mode::Batch | Mode::Picker => self.batchers(&engines, dir.as_deref()),
         };
         let mut filter = self.filter.clone();
-        if !batchers.is_empty() {
+        if !batchers.is_empty() && self.mode != Mode::Picker {
             filter["batcher_clusters"] = json!((0..batchers.len())
                 .map(|i| format!("cohort-batcher-{i}"))
                 .collect::<Vec<_>>());
@@ -340,6 +365,10 @@ impl StackBuilder {
                 let batcher = &batchers[0];
                 let front = batcher.spec.front_port.expect("batch mode's front");
                 Envoy::batch_config(batcher.spec.grpc_port, front, &ports, &plugin)
+            }
+            Mode::Picker => {
+                let picker = batchers[0].spec.picker_port.expect("the picker's port");
+                Envoy::endpoint_picker_config(picker, &ports)
             }
             Mode::Plain(name) => {
                 let mut yaml = crate::config::load(name);
@@ -360,12 +389,13 @@ impl StackBuilder {
             upstreams: upstreams.into_iter().map(Some).collect(),
             llamas: llamas.into_iter().map(Some).collect(),
             dir,
+            ports,
         }
     }
 
     fn batchers(&self, engines: &[(String, u16)], dir: Option<&std::path::Path>) -> Vec<Batcher> {
         let replicas = self.replicas.unwrap_or(match (&self.engines, self.mode) {
-            (Engines::Llama { .. }, _) => Replicas::Urls,
+            (Engines::Llama { .. }, _) | (_, Mode::Picker) => Replicas::Urls,
             (_, Mode::Batch) => Replicas::Adapter("openai"),
             _ => Replicas::Names,
         });
@@ -383,10 +413,18 @@ impl StackBuilder {
             .collect();
         let mut extra_args = self.batcher_args.clone();
         if let Some(dir) = dir {
-            extra_args.extend([
-                "--config".to_owned(),
-                dir.join("serve.toml").display().to_string(),
-            ]);
+            if self.serve_toml.is_some() {
+                extra_args.extend([
+                    "--config".to_owned(),
+                    dir.join("serve.toml").display().to_string(),
+                ]);
+            }
+            if self.mode == Mode::Picker && self.filter != json!({}) {
+                extra_args.extend([
+                    "--picker-filter-config".to_owned(),
+                    dir.join("picker-filter.json").display().to_string(),
+                ]);
+            }
         }
         (0..self.shards)
             .map(|i| {
@@ -399,6 +437,7 @@ impl StackBuilder {
                     // Replicas with URLs turn the batch front on (in assign mode it
                     // listens, unused).
                     front_port: (replicas != Replicas::Names).then(crate::free_port),
+                    picker_port: (self.mode == Mode::Picker).then(crate::free_port),
                     extra_args: extra_args.clone(),
                 })
             })

@@ -4,11 +4,12 @@
 //! For long load runs, [`Upstream::counting`] keeps only each request's numeric id (one
 //! header) instead of the whole request, so memory stays small over minutes. A test can
 //! make a replica slow ([`Upstream::set_delay`]: the answer waits) or failing
-//! ([`Upstream::set_status`]: the answer carries that status) while it runs.
+//! ([`Upstream::set_status`]: the answer carries that status) while it runs, or make it
+//! stream server-sent events ([`Upstream::set_sse`]) whose last event waits for the test.
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, Incoming};
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -20,6 +21,8 @@ use std::sync::{Arc, Mutex};
 #[derive(Debug, Clone)]
 pub struct Received {
     pub method: String,
+    /// `HTTP/1.1` or `HTTP/2.0`, as the request arrived.
+    pub version: String,
     pub path: String,
     /// Names lowercase, in arrival order, duplicates kept.
     pub headers: Vec<(String, String)>,
@@ -52,6 +55,53 @@ struct Behaviour {
     delay_ms: AtomicU64,
     /// 0: 200.
     status: AtomicU16,
+    /// Answer with these server-sent events instead of the JSON reply.
+    sse: Mutex<Option<Sse>>,
+}
+
+/// A streamed answer: every event but the last at once, the last once the gate opens.
+#[derive(Clone)]
+struct Sse {
+    events: Vec<Bytes>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+/// Releases the last event of [`Upstream::set_sse`]'s streams, one stream per call.
+#[derive(Clone)]
+pub struct SseGate(Arc<tokio::sync::Semaphore>);
+
+impl SseGate {
+    /// Lets one waiting (or the next) stream send its last event and end.
+    pub fn release(&self) {
+        self.0.add_permits(1);
+    }
+}
+
+/// A response body fed by the answering task, frame by frame as they are sent.
+pub struct Streamed(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl Body for Streamed {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.get_mut()
+            .0
+            .poll_recv(cx)
+            .map(|piece| piece.map(|bytes| Ok(Frame::data(bytes))))
+    }
+}
+
+impl Streamed {
+    /// A body of one piece.
+    fn whole(bytes: Bytes) -> Streamed {
+        let (sender, receiver) = tokio::sync::mpsc::channel(1);
+        sender.try_send(bytes).expect("room for one piece");
+        Streamed(receiver)
+    }
 }
 
 /// A recording upstream on a free loopback port; stops when dropped.
@@ -163,6 +213,22 @@ impl Upstream {
         self.behaviour.status.store(status, Ordering::SeqCst);
     }
 
+    /// Answers are these server-sent events from now on (`text/event-stream`, each event
+    /// given whole, e.g. `data: {...}\n\n`): all but the last at once, the last when the
+    /// returned gate is released (once per stream), so a test can see the first events
+    /// arrive while the upstream still holds the stream open.
+    pub fn set_sse(&self, events: &[&str]) -> SseGate {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        *self.behaviour.sse.lock().unwrap() = Some(Sse {
+            events: events
+                .iter()
+                .map(|e| Bytes::copy_from_slice(e.as_bytes()))
+                .collect(),
+            gate: Arc::clone(&gate),
+        });
+        SseGate(gate)
+    }
+
     /// Everything received so far (empty for a [`Upstream::counting`] one).
     pub fn received(&self) -> Vec<Received> {
         match &*self.received {
@@ -207,10 +273,14 @@ async fn answer_after(
     log: Arc<Log>,
     name: String,
     how: Arc<Behaviour>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<Streamed>, Infallible> {
     let delay = how.delay_ms.load(Ordering::SeqCst);
     let status = how.status.load(Ordering::SeqCst);
-    let mut response = record(request, log, name).await?;
+    let sse = how.sse.lock().unwrap().clone();
+    let mut response = record(request, log, name.clone()).await?;
+    if let Some(sse) = sse {
+        response = stream_events(&name, sse);
+    }
     if delay > 0 {
         tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
     }
@@ -224,7 +294,7 @@ async fn record(
     request: Request<Incoming>,
     log: Arc<Log>,
     name: String,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<Streamed>, Infallible> {
     let (parts, body) = request.into_parts();
     let body = body
         .collect()
@@ -255,6 +325,7 @@ async fn record(
     all.lock().unwrap().push(Received {
         at: std::time::Instant::now(),
         method: parts.method.to_string(),
+        version: format!("{:?}", parts.version),
         path: parts.uri.to_string(),
         headers: parts
             .headers
@@ -271,11 +342,37 @@ async fn record(
     Ok(answer(&name, bytes))
 }
 
-fn answer(name: &str, bytes: usize) -> Response<Full<Bytes>> {
+fn answer(name: &str, bytes: usize) -> Response<Streamed> {
     let reply = serde_json::json!({"upstream": name, "bytes": bytes}).to_string();
     Response::builder()
         .header("content-type", "application/json")
         .header("x-upstream", name)
-        .body(Full::new(Bytes::from(reply)))
+        .body(Streamed::whole(Bytes::from(reply)))
+        .unwrap()
+}
+
+/// A `text/event-stream` answer: the events but the last sent at once, the last after the
+/// gate lets it through.
+fn stream_events(name: &str, sse: Sse) -> Response<Streamed> {
+    let (sender, receiver) = tokio::sync::mpsc::channel(sse.events.len().max(1));
+    tokio::spawn(async move {
+        let Some((last, first)) = sse.events.split_last() else {
+            return;
+        };
+        for event in first {
+            if sender.send(event.clone()).await.is_err() {
+                return;
+            }
+        }
+        if let Ok(permit) = sse.gate.acquire().await {
+            permit.forget();
+            let _ = sender.send(last.clone()).await;
+        }
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .header("x-upstream", name)
+        .body(Streamed(receiver))
         .unwrap()
 }

@@ -27,6 +27,7 @@ fn front(replicas: &[String], extra_args: Vec<String>) -> Batcher {
         shard_index: 0,
         shard_count: 1,
         front_port: Some(free_port()),
+        picker_port: None,
         extra_args,
     })
 }

@@ -80,6 +80,7 @@ fn discovering_batcher(dns_port: u16, interval: Duration) -> Batcher {
         shard_index: 0,
         shard_count: 1,
         front_port: None,
+        picker_port: None,
         extra_args: vec![
             "--discovery-dns".into(),
             SERVICE.into(),

@@ -18,6 +18,7 @@ mod batch_knobs;
 mod batch_llama;
 mod batcher_assign;
 mod batcher_image;
+mod endpoint_picker;
 mod engine_discovery;
 mod engine_faults;
 mod engines_llama;

@@ -340,6 +340,7 @@ fn the_rendered_assign_overlay_routes_through_envoy_the_batcher_and_discovered_e
                 shard_index: shard,
                 shard_count: shards,
                 front_port: None,
+                picker_port: None,
                 extra_args: vec!["--config".into(), config_path.display().to_string()],
             })
         })
