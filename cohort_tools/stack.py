@@ -218,12 +218,14 @@ def start_envoy_on_free_ports(workdir, label, make_config, workers=None):
     return on_free_ports(attempt)
 
 
-def start_cohort(workdir, replica_ports, prefix="cohort", front=True, extra_args=(), replica_spec="", binary=None):
+def start_cohort(workdir, replica_ports, prefix="cohort", front=True, extra_args=(), replica_spec="", binary=None,
+                 picker=False):
     """Starts `cohort serve` (`binary`, else COHORT) with replicas
-    replica-0..N-1 at the given ports and, with `front`, batch mode's HTTP front.
+    replica-0..N-1 at the given ports and, with `front`, batch mode's HTTP front; with
+    `picker`, its endpoint picker (Envoy ext_proc) on ports["picker"].
     `replica_spec` is the engine adapter prefix of each replica's URL ("vllm+"; "" =
     llama.cpp). Waits for /readyz (again on other ports while one is taken).
-    Returns (proc, {"grpc": p, "http": p, "front": p or None})."""
+    Returns (proc, {"grpc": p, "http": p, "front": p or None, "picker": p or None})."""
     replicas = ",".join(f"replica-{i}={replica_spec}http://127.0.0.1:{p}" for i, p in enumerate(replica_ports))
     env = dict(os.environ)
     env.pop("COHORT_CONFIG", None)
@@ -237,6 +239,10 @@ def start_cohort(workdir, replica_ports, prefix="cohort", front=True, extra_args
                 "--front-listen", f"127.0.0.1:{ports['front']}"]
         if not front:
             ports["front"] = None
+        ports["picker"] = None
+        if picker:
+            ports["picker"] = free_port()
+            args += ["--picker-listen", f"127.0.0.1:{ports['picker']}"]
         proc = spawn(args + list(extra_args), os.path.join(workdir, f"{prefix}-serve.log"), env=env)
         wait_http(ports["http"], "/readyz", proc, "cohort serve", timeout=20)
         return proc, ports

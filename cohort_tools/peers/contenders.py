@@ -1,4 +1,4 @@
-"""The eight routers the peer benchmark compares, each started fresh in front of a given list of
+"""The nine routers the peer benchmark compares, each started fresh in front of a given list of
 engine replica ports (3, 4 or 8 of them) and stopped after its run.
 
   envoy-rr              Envoy round-robin (istio/envoy/round-robin.yaml): the baseline
@@ -11,6 +11,8 @@ engine replica ports (3, 4 or 8 of them) and stopped after its run.
   cohort-assign         Envoy + the filter asking `cohort serve` for a replica (assign.yaml)
   cohort-batch          Envoy + the filter + `cohort serve` with its HTTP front (batch.yaml),
                         wired as scripts/bench-batch and tests/tests/e2e/batch_llama.rs wire it
+  cohort-epp            Envoy without the filter: ext_proc to `cohort serve`'s endpoint picker,
+                        override_host over the replicas (endpoint-picker.yaml, full-duplex body)
 
 Envoy configs come from cohort_tools.envoy_config, which rewrites the endpoint lists and the
 per-replica routes and clusters for N replicas. The peers' quirks (see
@@ -30,7 +32,7 @@ import time
 from cohort_tools import envoy_config, stack
 
 NAMES = ("envoy-rr", "envoy-ringhash", "sglang-cache-aware", "vllm-cache-aware", "vllm-consistent-hash",
-         "cohort-affinity", "cohort-assign", "cohort-batch")
+         "cohort-affinity", "cohort-assign", "cohort-batch", "cohort-epp")
 ENVOY_CONFIGS = {"envoy-rr": "round-robin", "envoy-ringhash": "ring-hash-prefix", "cohort-affinity": "affinity"}
 VERSIONS = {"sglang-router": "0.3.2", "vllm-router": "0.1.17", "envoy": "1.40.0"}
 VENV = os.path.join(stack.ROOT, ".venv/bin")
@@ -78,6 +80,17 @@ def _batcher_config(workdir, name, cache_bytes):
     return ["--config", path]
 
 
+def _picker_config(workdir, name, cache_bytes):
+    """`cohort serve --config` for the endpoint picker: the assign deadline the filter gets
+    (ASSIGN_FILTER), and the replicas' cache size as _batcher_config gives it."""
+    path = os.path.join(workdir, f"{name}-serve.toml")
+    with open(path, "w") as f:
+        f.write("[picker]\nassign_deadline_ms = 250\n")
+        if cache_bytes:
+            f.write(f"[policy]\nkv_blocks_per_replica = {max(1, cache_bytes // 256)}\n")
+    return ["--config", path]
+
+
 def start(name, replica_ports, workdir, engine="sim", cache_bytes=None):
     """Starts contender `name` in front of 127.0.0.1:replica_ports; returns a Contender once it
     routes (Envoy ready, batcher ready, every worker registered). `cache_bytes`: each replica's
@@ -102,6 +115,12 @@ def start(name, replica_ports, workdir, engine="sim", cache_bytes=None):
         if batch:
             # The front probes each replica once a second (slot counts, health) before it batches.
             time.sleep(2.0)
+        return Contender(name, listen, [envoy, cohort], names, admin=admin, metrics_port=ports["http"])
+    if name == "cohort-epp":
+        cohort, ports = stack.start_cohort(workdir, replica_ports, prefix=name, front=False, picker=True,
+                                           extra_args=_picker_config(workdir, name, cache_bytes))
+        envoy, admin, listen = envoy_config.start("endpoint-picker", workdir, replica_ports, label=f"{name}-envoy",
+                                                  ports={9002: ports["picker"]})
         return Contender(name, listen, [envoy, cohort], names, admin=admin, metrics_port=ports["http"])
     if name not in ("sglang-cache-aware", "vllm-cache-aware", "vllm-consistent-hash"):
         raise SystemExit(f"unknown contender {name!r}; known: {', '.join(NAMES)}")

@@ -32,7 +32,7 @@ Definitions (`summarise`):
   carry "/up" and "/down" and are left out of the step goal and plot.
 
 Goals (`goals`), per (workload, arrival, replicas, engine), for each Cohort contender
-present (cohort-affinity, cohort-assign, cohort-batch):
+present (cohort-affinity, cohort-assign, cohort-batch, cohort-epp):
 - hit ratio / pooled bound >= 0.99, and hit ratio / sglang-cache-aware's >= 1.1, each met
   only when the contender's windowed max/mean load <= 1.2 too (the issue: "at windowed
   max/mean load <= 1.2"); the load is also its own row;
@@ -62,8 +62,9 @@ CONTENDERS = [
     "cohort-affinity",
     "cohort-assign",
     "cohort-batch",
+    "cohort-epp",
 ]
-COHORT = ["cohort-affinity", "cohort-assign", "cohort-batch"]
+COHORT = ["cohort-affinity", "cohort-assign", "cohort-batch", "cohort-epp"]
 RR = "envoy-rr"
 SGLANG = "sglang-cache-aware"
 BATCH = "cohort-batch"

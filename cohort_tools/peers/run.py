@@ -67,7 +67,7 @@ _MOONCAKE = dict(arrival="trace", time_scale=0.05, engine_time_scale=0.003, scal
 _TEMPLATED = dict(arrival="poisson", rate=12.0, time_scale=1.0, engine_time_scale=0.1, scale_tokens=1.0,
                   max_tokens=16, kv_blocks=512)
 PRESETS = {
-    # The whole simulated matrix in about 10 minutes: 2 workloads x 2 sizes x 8 contenders.
+    # The whole simulated matrix: 2 workloads x 2 sizes x every contender.
     "quick": dict(engine="sim", replicas="4,8", workloads="mooncake-conv,templated-app",
                   per_workload={"mooncake-conv": dict(_MOONCAKE, duration=12.0),
                                 "templated-app": dict(_TEMPLATED, duration=8.0)}),

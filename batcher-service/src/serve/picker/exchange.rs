@@ -606,10 +606,10 @@ impl LearnedTable for SharedTable<'_> {
 fn refusal(outcome: Outcome) -> ProcessingResponse {
     let (details, body) = match outcome {
         Outcome::SubsetEmpty => (
-            "cohort_picker_subset_empty",
+            "picker_subset_empty",
             "no eligible endpoint in the subset hint\n",
         ),
-        _ => ("cohort_picker_unavailable", "no ready endpoint\n"),
+        _ => ("picker_unavailable", "no ready endpoint\n"),
     };
     protocol::immediate(503, details, body)
 }
