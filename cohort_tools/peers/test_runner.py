@@ -113,6 +113,26 @@ class RunnerSmoke(unittest.TestCase):
         with open(os.path.join(self.out, "results.json")) as f:
             json.load(f)
 
+    def test_cohort_epp_on_four_sim_replicas(self):
+        # The endpoint picker's contender: real Envoy with ext_proc to `cohort serve`'s picker
+        # and override_host over the replicas. Every request answered by one of the replicas,
+        # and the engines' own counters served them all.
+        args = run.parse_args(["--engine", "sim", "--replicas", "4", "--workloads", "templated-app",
+                               "--contenders", "cohort-epp", "--arrival", "poisson",
+                               "--rate", "10", "--duration", "3", "--request-timeout", "30", "--out", self.out])
+        config = run.settings(args, "templated-app")
+        requests = run.build_requests(workloads, args, "templated-app", config)
+        workdir = tempfile.mkdtemp(prefix="bench-peers-smoke-logs-")
+        self.addCleanup(shutil.rmtree, workdir, True)
+        result = run.run_one(args, "sim", "templated-app", requests, 4, "cohort-epp", workdir, None, None, None,
+                             config)
+        records = result["records"]
+        self.assertEqual(len(records), len(requests))
+        self.assertEqual([r for r in records if r["error"] or r["status"] != 200], [])
+        self.assertTrue(all(r["replica"] in {f"replica-{i}" for i in range(4)} for r in records))
+        served = sum(m["requests"] or 0 for m in result["engine_metrics"].values())
+        self.assertEqual(served, len(requests), result["engine_metrics"])
+
 
 if __name__ == "__main__":
     unittest.main()
