@@ -18,9 +18,10 @@ of its Assigns (docs/BENCHMARKS.md, "Where the added time goes"):
 
     .venv/bin/python -m cohort_tools.bench.added_time --burst 8 --rate 60 --size 12000 [names]
 
-Names: round-robin, affinity, assign, and floor-grpc (the wasm floor making one gRPC call
+Names: round-robin, affinity, assign, floor-grpc (the wasm floor making one gRPC call
 to `cohort serve` per request, bench/wasm-floor: the least a filter that asks a service
-pays).
+pays), and epp (no filter: Envoy's ext_proc streaming each request to `cohort serve`'s
+endpoint picker, istio/envoy/endpoint-picker.yaml).
 
 Needs scripts/setup, scripts/build-wasm and target/release/cohort.
 """
@@ -53,8 +54,13 @@ def start_envoy(name, workdir, ports):
     """istio/envoy/<name>.yaml with an access log of the stages (for `assign`, with `cohort
     serve` deciding); returns (procs, listen, log, admin)."""
     procs, mapping, filter_config = [], {}, None
-    config_name = "assign" if name == "floor-grpc" else name
-    if name in ("assign", "floor-grpc"):
+    config_name = {"floor-grpc": "assign", "epp": "endpoint-picker"}.get(name, name)
+    if name == "epp":
+        cohort, cports = stack.start_cohort(workdir, ports, prefix="added", front=False, replica_spec="vllm+",
+                                            picker=True)
+        procs.append(cohort)
+        mapping = {9002: cports["picker"]}
+    elif name in ("assign", "floor-grpc"):
         cohort, cports = stack.start_cohort(workdir, ports, prefix="added", front=False, replica_spec="vllm+")
         procs.append(cohort)
         mapping = {50051: cports["grpc"], 50052: cports["grpc"]}
