@@ -469,3 +469,37 @@ fn a_streamed_response_passes_unchanged_event_by_event() {
     assert_eq!(stream.next_data().as_deref(), Some("[DONE]"));
     assert_eq!(stream.next_data(), None);
 }
+
+#[test]
+fn a_response_longer_than_the_ext_proc_call_timeout_streams_to_its_end() {
+    // The ext_proc stream lives as long as the response (trailers SEND): the gRPC
+    // service's `timeout`, here 1 s, must not cut a response that streams for longer.
+    let stack = Stack::picker()
+        .envoy_config(|config, _| {
+            let filters = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]
+                ["filters"][0]["typed_config"]["http_filters"];
+            let ext_proc = filters
+                .as_sequence_mut()
+                .unwrap()
+                .iter_mut()
+                .find(|f| f["name"].as_str() == Some("envoy.filters.http.ext_proc"))
+                .expect("the ext_proc filter");
+            ext_proc["typed_config"]["grpc_service"]["timeout"] = "1s".into();
+        })
+        .start();
+    let events = [
+        "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+        "data: [DONE]\n\n",
+    ];
+    let gates: Vec<_> = (0..3).map(|i| stack.upstream(i).set_sse(&events)).collect();
+    let body = chat(5, 0);
+    let mut stream = client::post_stream(stack.port(), CHAT, &[], &body);
+    assert_eq!(stream.status, 200);
+    let (i, _) = receiver(&stack, 3, &body);
+    assert!(stream.next_data().is_some());
+    // Deliberate window: the response outlives the ext_proc call's timeout.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    gates[i].release();
+    assert_eq!(stream.next_data().as_deref(), Some("[DONE]"));
+    assert_eq!(stream.next_data(), None);
+}

@@ -103,6 +103,9 @@ pub struct Exchange {
     verdict: Option<String>,
     status: u32,
     ended: bool,
+    /// Envoy has sent the request's last message (headers or body with end_of_stream, or
+    /// trailers).
+    request_sent: bool,
 }
 
 impl Exchange {
@@ -124,7 +127,26 @@ impl Exchange {
             verdict: None,
             status: 0,
             ended: false,
+            request_sent: false,
         }
+    }
+
+    /// True once the request's part of the exchange is over: the picker has answered the
+    /// decision and every message of the request (or refused it). From then on, ending
+    /// the stream loses nothing of the request: Envoy goes on without the picker for the
+    /// response. Before it, a stream that ends takes held body chunks with it.
+    pub fn request_answered(&self) -> bool {
+        match self.stage {
+            Stage::Refused => true,
+            Stage::Decided => self.request_sent,
+            Stage::Headers | Stage::Body => false,
+        }
+    }
+
+    /// True before the first message: nothing is held, and ending the stream with an
+    /// error lets Envoy apply the pool's failure mode to the request.
+    pub fn untouched(&self) -> bool {
+        !self.seen_first
     }
 
     /// The answers to one message from Envoy, in the order to send them.
@@ -139,13 +161,21 @@ impl Exchange {
         match message.request {
             Some(Request::RequestHeaders(h)) => {
                 let end_of_stream = h.end_of_stream;
+                self.request_sent |= end_of_stream;
                 self.headers = protocol::headers_of(h.headers.as_ref());
                 self.subset = protocol::subset_hint(message.metadata_context.as_ref());
                 self.request_headers(end_of_stream, principal.as_deref())
                     .await
             }
-            Some(Request::RequestBody(b)) => self.request_body(b.body, b.end_of_stream).await,
-            Some(Request::RequestTrailers(_)) => self.request_trailers().await,
+            Some(Request::RequestBody(b)) => {
+                // A buffered body is the whole body, whatever end_of_stream says.
+                self.request_sent |= b.end_of_stream || self.request_mode == BodyMode::Buffered;
+                self.request_body(b.body, b.end_of_stream).await
+            }
+            Some(Request::RequestTrailers(_)) => {
+                self.request_sent = true;
+                self.request_trailers().await
+            }
             Some(Request::ResponseHeaders(h)) => {
                 let headers = protocol::headers_of(h.headers.as_ref());
                 self.response_headers(&message.metadata_context, &headers, h.end_of_stream);
@@ -318,6 +348,8 @@ impl Exchange {
         let started = Instant::now();
         let answer = self.decide_body().await;
         self.picker.metrics.decided(started.elapsed().as_secs_f64());
+        // The stream lives until the response ends: the body is not kept that long.
+        self.body = Vec::new();
         answer
     }
 
@@ -366,6 +398,15 @@ impl Exchange {
                 self.picker.metrics.outcome(Outcome::Bypassed);
                 self.picker.metrics.bypass(BATCHER_TIMEOUT);
                 self.verdict = Some(format!("mode={MODE}; bypass={BATCHER_TIMEOUT}"));
+                if plan.request_id.is_some() {
+                    let observation = batcher::bypass_observation(
+                        &plan,
+                        Mode::Assign,
+                        BATCHER_TIMEOUT,
+                        unix_ms(),
+                    );
+                    self.picker.observe(observation);
+                }
                 let mut set = routing.headers.clone();
                 set.push((config.headers.bypass.clone(), BATCHER_TIMEOUT.to_owned()));
                 return Answer::Route(Mutation {

@@ -13,9 +13,11 @@
 //! `envoy.service.ext_proc.v3.ExternalProcessor` SERVING while the brain has a ready
 //! replica with an endpoint and the batcher is not draining, re-checked every second.
 //!
-//! Shutdown: with the serve's stop signal every open stream ends (Envoy then goes on
-//! without the picker for that request, which is past its decision in all but the
-//! rarest case), the server stops accepting and the health task stops.
+//! Shutdown: with the serve's stop signal a stream ends as soon as its request is answered
+//! (the decision and every body chunk sent back; Envoy then goes on without the picker for
+//! the response, whose end the ticket takes at once); a stream that has received nothing
+//! ends with UNAVAILABLE, so Envoy applies the pool's failure mode. The server stops
+//! accepting and the health task stops.
 
 pub mod choose;
 pub mod exchange;
@@ -182,11 +184,25 @@ impl ExternalProcessor for PickerService {
         let mut exchange = Exchange::new(Arc::clone(&self.picker));
         let mut shutdown = self.shutdown.clone();
         tokio::spawn(async move {
+            let mut stopping = false;
             'stream: loop {
+                if stopping && exchange.request_answered() {
+                    break;
+                }
                 let message = tokio::select! {
-                    message = inbound.message() => message,
+                    message = inbound.message() => Some(message),
                     _ = tx.closed() => break,
-                    _ = shutdown.wait_for(|stopping| *stopping) => break,
+                    _ = shutdown.wait_for(|stopping| *stopping), if !stopping => None,
+                };
+                let Some(message) = message else {
+                    stopping = true;
+                    if exchange.untouched() {
+                        // Nothing received yet: Envoy applies the pool's failure mode.
+                        let stopping = Status::unavailable("the picker is stopping");
+                        let _ = tx.send(Err(stopping)).await;
+                        break;
+                    }
+                    continue;
                 };
                 let Ok(Some(message)) = message else { break };
                 for answer in exchange.handle(message).await {

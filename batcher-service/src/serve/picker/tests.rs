@@ -417,6 +417,43 @@ async fn full_duplex_holds_the_body_then_answers_headers_and_echoes_every_chunk_
 }
 
 #[tokio::test]
+async fn stopping_mid_body_answers_the_request_before_the_stream_ends() {
+    // The picker stops while a full-duplex body is half sent: the stream stays until the
+    // body's end, the decision and every chunk go back, then it ends. A stream that has
+    // received nothing ends with UNAVAILABLE (Envoy applies the pool's failure mode).
+    let mut h = harness(3).await;
+    let mut s = h.open().await;
+    let mut idle = h.open().await;
+    s.send(post_headers(&[], false, BodySendMode::FullDuplexStreamed))
+        .await;
+    let bytes = CHAT.as_bytes();
+    let (first, rest) = bytes.split_at(bytes.len() / 2);
+    s.send(body(first, false)).await;
+    s.quiet().await;
+    h.stop.send(true).unwrap();
+    let refused = tokio::time::timeout(Duration::from_secs(5), idle.rx.message())
+        .await
+        .expect("the idle stream ends");
+    assert_eq!(
+        refused.unwrap_err().code(),
+        tonic::Code::Unavailable,
+        "nothing received: UNAVAILABLE"
+    );
+    s.send(body(rest, true)).await;
+    let headers = s.recv().await;
+    assert!(is_headers_answer(&headers), "headers first: {headers:?}");
+    assert_eq!(endpoints_of(written(&headers).destination()).len(), 3);
+    let mut echoed = streamed(&s.recv().await).0;
+    echoed.extend(streamed(&s.recv().await).0);
+    assert_eq!(echoed, bytes, "every chunk back, in order");
+    let end = tokio::time::timeout(Duration::from_secs(5), s.rx.message())
+        .await
+        .expect("the stream ends once the request is answered");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    assert_eq!(h.in_flight(), 0, "its ticket ended with the stream");
+}
+
+#[tokio::test]
 async fn full_duplex_with_trailers_decides_at_the_trailers() {
     let mut h = harness(2).await;
     let mut s = h.open().await;
