@@ -20,8 +20,10 @@ of its Assigns (docs/BENCHMARKS.md, "Where the added time goes"):
 
 Names: round-robin, affinity, assign, floor-grpc (the wasm floor making one gRPC call
 to `cohort serve` per request, bench/wasm-floor: the least a filter that asks a service
-pays), and epp (no filter: Envoy's ext_proc streaming each request to `cohort serve`'s
-endpoint picker, istio/envoy/endpoint-picker.yaml).
+pays), epp (no filter: Envoy's ext_proc streaming each request to `cohort serve`'s
+endpoint picker, istio/envoy/endpoint-picker.yaml), and epp-request-only (the same with
+the response path off, `response_header_mode: SKIP`: what the picker's answer to the
+response headers adds to the first byte).
 
 Needs scripts/setup, scripts/build-wasm and target/release/cohort.
 """
@@ -52,14 +54,17 @@ FLOOR_GRPC = "body+grpc:cohort-batcher-0"
 
 def start_envoy(name, workdir, ports):
     """istio/envoy/<name>.yaml with an access log of the stages (for `assign`, with `cohort
-    serve` deciding); returns (procs, listen, log, admin)."""
-    procs, mapping, filter_config = [], {}, None
-    config_name = {"floor-grpc": "assign", "epp": "endpoint-picker"}.get(name, name)
-    if name == "epp":
+    serve` deciding); returns (procs, listen, log, admin, the picker's batcher metrics port
+    or None)."""
+    procs, mapping, filter_config, metrics_port = [], {}, None, None
+    config_name = {"floor-grpc": "assign", "epp": "endpoint-picker", "epp-request-only": "endpoint-picker"}.get(
+        name, name)
+    if name.startswith("epp"):
         cohort, cports = stack.start_cohort(workdir, ports, prefix="added", front=False, replica_spec="vllm+",
                                             picker=True)
         procs.append(cohort)
         mapping = {9002: cports["picker"]}
+        metrics_port = cports["http"]
     elif name in ("assign", "floor-grpc"):
         cohort, cports = stack.start_cohort(workdir, ports, prefix="added", front=False, replica_spec="vllm+")
         procs.append(cohort)
@@ -68,6 +73,11 @@ def start_envoy(name, workdir, ports):
     log = os.path.join(workdir, f"{name}-access.log")
 
     def access_log(doc):
+        if name == "epp-request-only":
+            for node in envoy_config.http_connection_manager(doc)["http_filters"]:
+                if node["name"] == "envoy.filters.http.ext_proc":
+                    node["typed_config"]["processing_mode"]["response_header_mode"] = "SKIP"
+                    node["typed_config"]["processing_mode"]["response_trailer_mode"] = "SKIP"
         envoy_config.http_connection_manager(doc)["access_log"] = [{
             "name": "envoy.access_loggers.file",
             "typed_config": {
@@ -81,7 +91,7 @@ def start_envoy(name, workdir, ports):
                                               ports=mapping, filter_config=filter_config,
                                               wasm=FLOOR if name == "floor-grpc" else None)
     procs.append(envoy)
-    return procs, listen, log, admin
+    return procs, listen, log, admin, metrics_port
 
 
 def body(size, i, rng):
@@ -91,7 +101,7 @@ def body(size, i, rng):
 
 
 def measure(name, workdir, ports):
-    procs, listen, log, _admin = start_envoy(name, workdir, ports)
+    procs, listen, log, _admin, _metrics = start_envoy(name, workdir, ports)
     rng = random.Random(1)
     try:
         for size in SIZES:
@@ -134,7 +144,7 @@ def envoy_medians(admin):
 
 def measure_bursts(name, workdir, ports, burst, rate, size, seconds):
     """Open-loop bursts of `burst` requests of `size` bytes at `rate` requests a second."""
-    procs, listen, _log, admin = start_envoy(name, workdir, ports)
+    procs, listen, _log, admin, metrics_port = start_envoy(name, workdir, ports)
     rng = random.Random(1)
     requests = [{"body": dict(body(size, i, rng), max_tokens=16)} for i in range(int(rate * seconds))]
 
@@ -151,6 +161,13 @@ def measure_bursts(name, workdir, ports, burst, rate, size, seconds):
         records = asyncio.run(replay())
         medians = envoy_medians(admin)
         _status, calls = stack.get(admin, "/stats?filter=cluster.cohort-batcher-0.upstream_rq_completed")
+        if metrics_port:
+            # The picker's decision (fingerprint and the brain), mean over the run.
+            page = stack.metrics(metrics_port)
+            count = stack.metric(page, "cohort_picker_decision_seconds_count")
+            if count:
+                total = stack.metric(page, "cohort_picker_decision_seconds_sum")
+                medians["picker_decision_mean_us"] = 1e6 * total / count
     finally:
         stack.stop(procs)
     added = [r["ttft_ms"] - r["engine_ttft_ms"] for r in records
