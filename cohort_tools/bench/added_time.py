@@ -23,7 +23,9 @@ to `cohort serve` per request, bench/wasm-floor: the least a filter that asks a 
 pays), epp (no filter: Envoy's ext_proc streaming each request to `cohort serve`'s
 endpoint picker, istio/envoy/endpoint-picker.yaml), and epp-request-only (the same with
 the response path off, `response_header_mode: SKIP`: what the picker's answer to the
-response headers adds to the first byte).
+response headers adds to the first byte), and epp-floor (the picker with every request in
+the rollout's hold-out: it answers the headers at once with the least-loaded endpoint and
+echoes the body, no fingerprint and no decision: what the ext_proc exchange itself costs).
 
 Needs scripts/setup, scripts/build-wasm and target/release/cohort.
 """
@@ -57,11 +59,16 @@ def start_envoy(name, workdir, ports):
     serve` deciding); returns (procs, listen, log, admin, the picker's batcher metrics port
     or None)."""
     procs, mapping, filter_config, metrics_port = [], {}, None, None
-    config_name = {"floor-grpc": "assign", "epp": "endpoint-picker", "epp-request-only": "endpoint-picker"}.get(
-        name, name)
+    config_name = "endpoint-picker" if name.startswith("epp") else {"floor-grpc": "assign"}.get(name, name)
     if name.startswith("epp"):
+        extra = []
+        if name == "epp-floor":
+            path = os.path.join(workdir, "epp-floor-filter.json")
+            with open(path, "w") as f:
+                f.write('{"rollout": {"share": 0}}')
+            extra = ["--picker-filter-config", path]
         cohort, cports = stack.start_cohort(workdir, ports, prefix="added", front=False, replica_spec="vllm+",
-                                            picker=True)
+                                            picker=True, extra_args=extra)
         procs.append(cohort)
         mapping = {9002: cports["picker"]}
         metrics_port = cports["http"]
