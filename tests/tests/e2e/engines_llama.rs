@@ -19,9 +19,12 @@ fn the_demo_routing_yields_more_engine_cached_prompt_tokens_than_round_robin() {
         std::process::id(),
         cohort_tests::free_port()
     ));
+    // The demo with this checkout's `cohort`, the one the tests run (the README's demo
+    // runs the release build scripts/setup makes).
     let status = Command::new(workspace.join("scripts/demo"))
         .args(["--requests", &REQUESTS.to_string(), "--json"])
         .arg(&out)
+        .env("COHORT_BIN", cohort_tests::batcher::binary())
         .current_dir(&workspace)
         .status()
         .expect("scripts/demo runs");
