@@ -113,7 +113,7 @@ fn replicas_receive_what_the_batcher_decided_and_every_observation_arrives() {
     let _alone = one_at_a_time();
     let stack = stack(1);
     let batcher = &stack.batchers[0];
-    let n = 240;
+    let n = 120;
     for i in 0..n {
         let response = send(&stack.envoy, i);
         assert_eq!(response.status, 200, "{}", response.text());

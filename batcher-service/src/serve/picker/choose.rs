@@ -5,7 +5,9 @@
 //!   the `host:port` of its configured `url` (port 80 when the URL names none). A replica
 //!   with neither (a static replica known by name only) cannot be picked.
 //! - **Eligible slots** ([`eligible`]): slots with an endpoint and, when the proxy sent a
-//!   subset hint, whose endpoint is in it. The brain decides among these only.
+//!   subset hint, whose endpoint is in it. The brain decides among these only. Endpoints
+//!   are compared as socket addresses ([`same_endpoint`]): `[fd00:0::1]:8000` and
+//!   `[fd00::1]:8000` are one endpoint, whichever spelling the URL and the proxy use.
 //! - **Destination** ([`destination`]): the chosen endpoint first, then up to
 //!   [`MAX_FALLBACKS`] others in the decision's order of preference, comma-separated.
 //! - **Deadline fallback** ([`by_key`]): when the brain did not answer in time, a usable
@@ -15,6 +17,7 @@
 use crate::config::ServeConfig;
 use crate::serve::brain::pick::SlotView;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 
 /// Endpoints after the primary in the destination list.
 pub const MAX_FALLBACKS: usize = 2;
@@ -36,7 +39,17 @@ impl Endpoints {
                     let uri = r.url.as_ref()?.uri();
                     let host = uri.host()?;
                     let port = uri.port_u16().unwrap_or(80);
-                    Some((r.name.clone(), format!("{host}:{port}")))
+                    let endpoint = format!("{host}:{port}");
+                    if endpoint.parse::<SocketAddr>().is_err() {
+                        // override_host selects a host of the cluster by address: a name
+                        // never matches one.
+                        tracing::warn!(
+                            replica = %r.name,
+                            %endpoint,
+                            "the picker's endpoint for this replica is not an ip:port; a proxy routing with override_host cannot use it"
+                        );
+                    }
+                    Some((r.name.clone(), endpoint))
                 })
                 .collect(),
         }
@@ -57,9 +70,9 @@ pub fn eligible(slots: &[SlotView], endpoints: &Endpoints, subset: Option<&[Stri
     let len = slots.iter().map(|s| s.slot + 1).max().unwrap_or(0);
     let mut mask = vec![false; len];
     for s in slots {
-        mask[s.slot] = endpoints
-            .of(s)
-            .is_some_and(|e| subset.is_none_or(|subset| subset.iter().any(|x| x == e)));
+        mask[s.slot] = endpoints.of(s).is_some_and(|e| {
+            subset.is_none_or(|subset| subset.iter().any(|x| same_endpoint(x, e)))
+        });
     }
     mask
 }
@@ -120,14 +133,38 @@ pub fn by_key(slots: &[SlotView], mask: &[bool], key: u64) -> Option<(usize, Vec
 pub fn slot_of(slots: &[SlotView], endpoints: &Endpoints, endpoint: &str) -> Option<usize> {
     slots
         .iter()
-        .find(|s| endpoints.of(s) == Some(endpoint))
+        .find(|s| endpoints.of(s).is_some_and(|e| same_endpoint(e, endpoint)))
         .map(|s| s.slot)
+}
+
+/// Whether two endpoints name the same address: compared as socket addresses when both
+/// parse as one (IPv6 spelled either way), else as text.
+pub fn same_endpoint(a: &str, b: &str) -> bool {
+    let (a, b) = (a.trim(), b.trim());
+    match (a.parse::<SocketAddr>(), b.parse::<SocketAddr>()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::discovery::Member;
+
+    #[test]
+    fn endpoints_are_compared_as_addresses() {
+        assert!(same_endpoint("[fd00:0::1]:8000", "[fd00::1]:8000"));
+        assert!(same_endpoint(" 10.0.0.1:8000", "10.0.0.1:8000"));
+        assert!(!same_endpoint("10.0.0.1:8000", "10.0.0.1:8001"));
+        assert!(same_endpoint("engine-0:8000", "engine-0:8000"));
+        assert!(!same_endpoint("engine-0:8000", "10.0.0.1:8000"));
+        let slots = vec![slot(0, "r0", "[fd00:0::1]:8000", true)];
+        let endpoints = Endpoints::default();
+        assert_eq!(slot_of(&slots, &endpoints, "[fd00::1]:8000"), Some(0));
+        let subset = vec!["[fd00::1]:8000".to_owned()];
+        assert_eq!(eligible(&slots, &endpoints, Some(&subset)), vec![true]);
+    }
 
     fn slot(slot: usize, name: &str, endpoint: &str, usable: bool) -> SlotView {
         SlotView {

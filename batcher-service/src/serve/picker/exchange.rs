@@ -52,6 +52,9 @@ pub const MODE: &str = "picker";
 pub const NOT_API_REQUEST: &str = "not_api_request";
 /// The `x-cohort-bypass` reason when the brain did not decide within the deadline.
 pub const BATCHER_TIMEOUT: &str = "batcher_timeout";
+/// The `x-cohort-bypass` reason when the proxy sends the body in a mode the picker does
+/// not fingerprint in (`NONE`, `STREAMED`, `BUFFERED_PARTIAL`): decided on the headers.
+pub const UNSUPPORTED_BODY_MODE: &str = "unsupported_body_mode";
 
 /// Where the request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,7 +199,7 @@ impl Exchange {
                 }
                 vec![match self.response_mode {
                     BodyMode::Duplex => protocol::streamed_chunk(b.body, b.end_of_stream, false),
-                    BodyMode::Buffered => protocol::response_body_response(),
+                    BodyMode::Buffered | BodyMode::Other => protocol::response_body_response(),
                 }]
             }
             Some(Request::ResponseTrailers(_)) => {
@@ -239,11 +242,18 @@ impl Exchange {
                     }
                 }
             };
+        let settled = match settled {
+            None if self.request_mode == BodyMode::Other => {
+                Some((Some(UNSUPPORTED_BODY_MODE), false))
+            }
+            settled => settled,
+        };
         let Some((why, untouched)) = settled else {
             self.stage = Stage::Body;
             return match self.request_mode {
-                // Envoy sends the body only after this answer.
-                BodyMode::Buffered => {
+                // Envoy sends the body only after this answer (a mode the picker does
+                // not fingerprint in was settled above).
+                BodyMode::Buffered | BodyMode::Other => {
                     vec![protocol::request_headers_response(&Mutation {
                         remove: self.remove.clone(),
                         ..Mutation::default()
@@ -277,13 +287,13 @@ impl Exchange {
     ) -> Vec<ProcessingResponse> {
         match (self.stage, self.request_mode) {
             (Stage::Refused | Stage::Headers, _) => Vec::new(),
-            (Stage::Decided, BodyMode::Buffered) => {
+            (Stage::Decided, BodyMode::Buffered | BodyMode::Other) => {
                 vec![protocol::request_body_response(&Mutation::default())]
             }
             (Stage::Decided, BodyMode::Duplex) => {
                 vec![protocol::streamed_chunk(chunk, end_of_stream, true)]
             }
-            (Stage::Body, BodyMode::Buffered) => {
+            (Stage::Body, BodyMode::Buffered | BodyMode::Other) => {
                 // The whole body, whatever end_of_stream says (trailers may follow).
                 self.body = chunk;
                 match self.decide().await {

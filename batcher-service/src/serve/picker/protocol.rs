@@ -35,10 +35,13 @@ pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
 /// How the proxy sends the request body (its `processing_mode.request_body_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyMode {
-    /// `BUFFERED` (and anything that is not full-duplex): one answer per message.
+    /// `BUFFERED` (or no protocol configuration sent): the whole body in one message.
     Buffered,
     /// `FULL_DUPLEX_STREAMED`: the body comes in chunks the picker sends back.
     Duplex,
+    /// `NONE`, `STREAMED`, `BUFFERED_PARTIAL`: the picker decides on the headers alone
+    /// (docs/CONTRACT.md, "Endpoint picker") and answers each chunk it is sent unchanged.
+    Other,
 }
 
 /// The request body mode from the stream's first message (`protocol_config`, which Envoy
@@ -65,7 +68,9 @@ pub fn response_body_mode(request: &ProcessingRequest) -> BodyMode {
 fn body_mode(mode: Option<i32>) -> BodyMode {
     match mode {
         Some(m) if m == BodySendMode::FullDuplexStreamed as i32 => BodyMode::Duplex,
-        _ => BodyMode::Buffered,
+        None => BodyMode::Buffered,
+        Some(m) if m == BodySendMode::Buffered as i32 => BodyMode::Buffered,
+        Some(_) => BodyMode::Other,
     }
 }
 

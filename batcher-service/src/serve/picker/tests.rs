@@ -454,6 +454,27 @@ async fn stopping_mid_body_answers_the_request_before_the_stream_ends() {
 }
 
 #[tokio::test]
+async fn a_body_mode_the_picker_does_not_fingerprint_in_is_decided_on_the_headers() {
+    // STREAMED: Envoy waits for the headers answer, then sends chunks one answer each.
+    let mut h = harness(3).await;
+    let mut s = h.open().await;
+    s.send(post_headers(&[], false, BodySendMode::Streamed))
+        .await;
+    let headers = s.recv().await;
+    assert!(is_headers_answer(&headers), "{headers:?}");
+    let answer = written(&headers);
+    assert_eq!(endpoints_of(answer.destination()).len(), 3);
+    assert_eq!(answer.get("x-cohort-bypass"), Some("unsupported_body_mode"));
+    s.send(body(CHAT.as_bytes(), true)).await;
+    let chunk = s.recv().await;
+    assert!(
+        written(&chunk).set.is_empty(),
+        "the chunk passes: {chunk:?}"
+    );
+    s.quiet().await;
+}
+
+#[tokio::test]
 async fn full_duplex_with_trailers_decides_at_the_trailers() {
     let mut h = harness(2).await;
     let mut s = h.open().await;
