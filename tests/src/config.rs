@@ -73,13 +73,7 @@ pub fn set_batch_endpoints(config: &mut Value, grpc_port: u16, front_port: u16, 
 /// Replaces the endpoints of cluster `name`'s `group`-th locality group (its priority
 /// order in the file) with loopback `ports`.
 pub fn set_priority_endpoints(config: &mut Value, name: &str, group: usize, ports: &[u16]) {
-    let clusters = config["static_resources"]["clusters"]
-        .as_sequence_mut()
-        .unwrap();
-    let cluster = clusters
-        .iter_mut()
-        .find(|c| c["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no cluster {name}"));
+    let cluster = cluster(config, name);
     let endpoints: Vec<Value> = ports
         .iter()
         .map(|port| {
@@ -212,15 +206,19 @@ pub fn set_subset_hint(config: &mut Value, endpoints: &[String]) {
         serde_yaml::to_value(entry).unwrap();
 }
 
-/// Speaks HTTP/2 without TLS (h2c, prior knowledge) to cluster `name`'s endpoints.
-pub fn set_upstream_h2c(config: &mut Value, name: &str) {
-    let clusters = config["static_resources"]["clusters"]
+/// The static cluster `name`.
+fn cluster<'c>(config: &'c mut Value, name: &str) -> &'c mut Value {
+    config["static_resources"]["clusters"]
         .as_sequence_mut()
-        .unwrap();
-    let cluster = clusters
+        .unwrap()
         .iter_mut()
         .find(|c| c["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no cluster {name}"));
+        .unwrap_or_else(|| panic!("no cluster {name}"))
+}
+
+/// Speaks HTTP/2 without TLS (h2c, prior knowledge) to cluster `name`'s endpoints.
+pub fn set_upstream_h2c(config: &mut Value, name: &str) {
+    let cluster = cluster(config, name);
     cluster["typed_extension_protocol_options"]
         ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"] =
         serde_yaml::from_str("{http2_protocol_options: {}}").unwrap();

@@ -476,15 +476,8 @@ fn a_response_longer_than_the_ext_proc_call_timeout_streams_to_its_end() {
     // service's `timeout`, here 1 s, must not cut a response that streams for longer.
     let stack = Stack::picker()
         .envoy_config(|config, _| {
-            let filters = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]
-                ["filters"][0]["typed_config"]["http_filters"];
-            let ext_proc = filters
-                .as_sequence_mut()
-                .unwrap()
-                .iter_mut()
-                .find(|f| f["name"].as_str() == Some("envoy.filters.http.ext_proc"))
-                .expect("the ext_proc filter");
-            ext_proc["typed_config"]["grpc_service"]["timeout"] = "1s".into();
+            config::http_filter(config, "envoy.filters.http.ext_proc")["grpc_service"]["timeout"] =
+                "1s".into();
         })
         .start();
     let events = [
@@ -498,7 +491,7 @@ fn a_response_longer_than_the_ext_proc_call_timeout_streams_to_its_end() {
     let (i, _) = receiver(&stack, 3, &body);
     assert!(stream.next_data().is_some());
     // Deliberate window: the response outlives the ext_proc call's timeout.
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(1500));
     gates[i].release();
     assert_eq!(stream.next_data().as_deref(), Some("[DONE]"));
     assert_eq!(stream.next_data(), None);

@@ -41,13 +41,23 @@ fn endpoint(i: usize) -> String {
 }
 
 async fn harness_with(replicas: usize, change: impl FnOnce(&mut Picker)) -> Harness {
-    let config = ServeConfig {
+    harness_configured(replicas, |_| {}, change).await
+}
+
+/// A harness whose `cohort serve` configuration `configure` changes first.
+async fn harness_configured(
+    replicas: usize,
+    configure: impl FnOnce(&mut ServeConfig),
+    change: impl FnOnce(&mut Picker),
+) -> Harness {
+    let mut config = ServeConfig {
         discovery: DiscoverySection {
             dns: Some("engines.test".into()),
             ..Default::default()
         },
         ..ServeConfig::default()
     };
+    configure(&mut config);
     let clock = Clock::start();
     let brain = Arc::new(Brain::new(&config, clock));
     let members: Vec<Member> = (0..replicas)
@@ -778,23 +788,36 @@ async fn a_response_served_by_a_fallback_moves_the_load_there() {
 
 #[tokio::test]
 async fn a_slow_brain_is_answered_by_key_after_the_deadline() {
-    let mut h = harness_with(3, |p| {
-        p.deadline = Duration::from_millis(20);
-        p.slow_decisions = Duration::from_millis(200);
-    })
-    .await;
-    let mut s = h.open().await;
-    s.send(post_headers(&[], false, BodySendMode::Buffered))
+    // `[picker] assign_deadline_ms` against a brain that takes 200 ms: 20 ms routes by
+    // key, 2000 ms waits for the decision.
+    async fn answer(deadline_ms: u64) -> (Written, Harness) {
+        let mut h = harness_configured(
+            3,
+            |config| config.picker.assign_deadline_ms = deadline_ms,
+            |p| p.slow_decisions = Duration::from_millis(200),
+        )
         .await;
-    s.recv().await;
-    s.send(body(CHAT.as_bytes(), true)).await;
-    let answer = written(&s.recv().await);
-    assert_eq!(answer.get("x-cohort-bypass"), Some("batcher_timeout"));
-    assert!(answer.get("x-cohort-key").is_some());
-    assert_eq!(endpoints_of(answer.destination()).len(), 3);
+        let mut s = h.open().await;
+        s.send(post_headers(&[], false, BodySendMode::Buffered))
+            .await;
+        s.recv().await;
+        s.send(body(CHAT.as_bytes(), true)).await;
+        (written(&s.recv().await), h)
+    }
+    let (answer_late, h) = answer(20).await;
+    assert_eq!(answer_late.get("x-cohort-bypass"), Some("batcher_timeout"));
+    assert!(answer_late.get("x-cohort-key").is_some());
+    assert_eq!(endpoints_of(answer_late.destination()).len(), 3);
     // The late decision's ticket is closed when it comes: nothing stays in flight.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(h.in_flight(), 0);
+    let (answer_waited, _h) = answer(2000).await;
+    assert_eq!(
+        answer_waited.get("x-cohort-bypass"),
+        None,
+        "decided in time"
+    );
+    assert!(answer_waited.get("x-cohort-shard").is_some());
 }
 
 #[tokio::test]
