@@ -440,6 +440,29 @@ mod tests {
     }
 
     #[test]
+    fn every_shipped_cohort_toml_loads_and_the_pools_runs_the_picker() {
+        // The files the overlays mount (istio/<overlay>/cohort.toml), through the loader
+        // `cohort serve --config` uses: an unknown or misspelt key fails here.
+        let istio = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../istio");
+        let load = |overlay: &str| {
+            let mut a = args(&[]);
+            a.config = Some(istio.join(overlay).join("cohort.toml"));
+            ServeConfig::load(&a, Some("cohort-batcher-0"))
+                .unwrap_or_else(|e| panic!("istio/{overlay}/cohort.toml: {e}"))
+        };
+        for overlay in ["batcher", "batch"] {
+            assert_eq!(load(overlay).picker.listen, None, "{overlay}: no picker");
+        }
+        let pool = load("inference-pool");
+        assert_eq!(pool.picker.listen, Some("0.0.0.0:9002".parse().unwrap()));
+        assert_eq!(
+            pool.discovery.dns.as_deref(),
+            Some("llm-engine-pool.llm.svc.cluster.local")
+        );
+        assert!(pool.picker.filter_config_parsed().is_ok());
+    }
+
+    #[test]
     fn the_picker_section_reads_flags_and_checks_its_filter_config() {
         let dir = std::env::temp_dir().join(format!("cohort-config-picker-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
