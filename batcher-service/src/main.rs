@@ -7,7 +7,8 @@
 //! - `cohort lint`: cache-hostile prompt templates, scored 0–1;
 //! - `cohort engine-sim`: an OpenAI-compatible engine simulator (`serve`, `bound`);
 //! - `cohort audit`: one request's cost record from a running batcher;
-//! - `cohort bench-decisions`: the decision path's benchmark (Assign in to reply out).
+//! - `cohort bench-decisions`: the decision path's benchmark (Assign in to reply out);
+//! - `cohort report`: Cohort against its hold-out, from Prometheus, with confidence intervals.
 
 mod audit;
 mod clock;
@@ -48,6 +49,8 @@ enum Command {
     Audit(commands::audit::Args),
     /// Benchmark the decision path (Assign in to reply out) over stores of 10 k to 5 M fingerprints.
     BenchDecisions(commands::bench_decisions::Args),
+    /// Compare Cohort against its hold-out from Prometheus: TTFT, cached tokens, 5xx, with 95% intervals.
+    Report(commands::report::Args),
 }
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
@@ -60,5 +63,6 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::EngineSim(args) => ok(commands::engine_sim::run(args)),
         Command::Audit(args) => commands::audit::run(args),
         Command::BenchDecisions(args) => ok(commands::bench_decisions::run(args)),
+        Command::Report(args) => ok(commands::report::run(args)),
     }
 }

@@ -6,5 +6,6 @@ pub mod engine_sim;
 pub mod fingerprint;
 mod inputs;
 pub mod lint;
+pub mod report;
 pub mod score;
 pub mod serve;
