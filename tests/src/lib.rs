@@ -16,6 +16,7 @@
 //! - [`manifests`]: the Istio overlays as real kustomize renders them, and what ships inside;
 //! - [`load`]: closed-loop load with a unique id per request, outcomes kept for windows;
 //! - [`procstat`]: a process's RSS and open file descriptors from `/proc`;
+//! - [`prometheus`]: a real Prometheus scraping the test's targets every second, and its API;
 //! - [`stack`]: Envoy, `cohort serve` and the engines behind them, built in one place.
 
 pub mod batcher;
@@ -30,6 +31,7 @@ pub mod llama;
 pub mod load;
 pub mod manifests;
 pub mod procstat;
+pub mod prometheus;
 pub mod stack;
 pub mod upstream;
 

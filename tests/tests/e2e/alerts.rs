@@ -13,22 +13,13 @@
 //! Needs Debian's `prometheus` package (`scripts/setup` installs it).
 
 use cohort_tests::client::post_json;
+use cohort_tests::prometheus::{tool, Prometheus, Target};
 use cohort_tests::stack::Stack;
-use cohort_tests::{eventually, free_port, workspace};
+use cohort_tests::{eventually, workspace};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn tool(name: &str) -> PathBuf {
-    let path = PathBuf::from("/usr/bin").join(name);
-    assert!(
-        path.exists(),
-        "{}: missing; scripts/setup installs Debian's prometheus package",
-        path.display()
-    );
-    path
-}
 
 fn rules_file() -> PathBuf {
     workspace().join("monitoring/cohort-alerts.yaml")
@@ -106,93 +97,8 @@ fn the_prometheus_rule_carries_the_same_groups_and_every_metric_is_documented() 
     }
 }
 
-/// A Prometheus server on a free port with `config`; killed when dropped.
-struct Prometheus {
-    child: Child,
-    port: u16,
-    _dir: TempDir,
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Prometheus {
-    fn start(scrape: &[(&str, String, &str)]) -> Prometheus {
-        let dir = std::env::temp_dir().join(format!("cohort-prometheus-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut config = format!(
-            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [{:?}]\nscrape_configs:\n",
-            rules_file().display().to_string()
-        );
-        for (job, target, path) in scrape {
-            config.push_str(&format!(
-                "- job_name: {job}\n  metrics_path: {path}\n  static_configs: [{{targets: [\"{target}\"]}}]\n"
-            ));
-        }
-        let file = dir.join("prometheus.yml");
-        std::fs::write(&file, config).unwrap();
-        let port = free_port();
-        let child = Command::new(tool("prometheus"))
-            .arg(format!("--config.file={}", file.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus starts");
-        Prometheus {
-            child,
-            port,
-            _dir: TempDir(dir),
-        }
-    }
-
-    fn api(&self, path_and_query: &str) -> Json {
-        let response = cohort_tests::client::request(self.port, "GET", path_and_query, &[], b"")
-            .expect("prometheus answers");
-        serde_json::from_slice(&response.body)
-            .unwrap_or_else(|e| panic!("{path_and_query}: {e}: {}", response.text()))
-    }
-
-    /// Evaluates `query` now; panics on an error, returns the result vector.
-    fn query(&self, query: &str) -> Vec<Json> {
-        let answer = self.api(&format!("/api/v1/query?query={}", percent_encode(query)));
-        assert_eq!(answer["status"], "success", "{query}: {answer}");
-        answer["data"]["result"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-    }
-}
-
-fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// Every `expr` in the dashboard, with Grafana's variables filled in.
-fn dashboard_queries(engine_service: &str) -> Vec<String> {
+pub fn dashboard_queries(engine_service: &str) -> Vec<String> {
     fn walk(value: &Json, out: &mut Vec<String>) {
         match value {
             Json::Object(map) => {
@@ -213,30 +119,38 @@ fn dashboard_queries(engine_service: &str) -> Vec<String> {
     walk(&dashboard, &mut exprs);
     exprs
         .into_iter()
-        .map(|e| {
-            e.replace("$__rate_interval", "1m")
-                .replace("$__range", "1h")
-                .replace("$engine_service", engine_service)
-        })
+        .map(|e| fill_variables(&e, engine_service))
         .collect()
+}
+
+/// A dashboard query with Grafana's variables filled in: a 1 m rate interval, a 1 h range,
+/// the engines' Service host, every route.
+pub fn fill_variables(expr: &str, engine_service: &str) -> String {
+    expr.replace("$__rate_interval", "1m")
+        .replace("$__range", "1h")
+        .replace("$engine_service", engine_service)
+        .replace("$route", ".*")
 }
 
 #[test]
 fn a_real_prometheus_scrapes_envoy_and_the_batcher_and_evaluates_every_rule_and_panel() {
     let stack = Stack::assign().upstreams(2).start();
     let (envoy, batcher) = (&stack.envoy, stack.batcher());
-    let prometheus = Prometheus::start(&[
-        (
-            "envoy",
-            format!("127.0.0.1:{}", envoy.admin_port),
-            "/stats/prometheus",
-        ),
-        (
-            "cohort-batcher",
-            format!("127.0.0.1:{}", batcher.spec.http_port),
-            "/metrics",
-        ),
-    ]);
+    let prometheus = Prometheus::start(
+        &[
+            Target {
+                job: "envoy",
+                address: format!("127.0.0.1:{}", envoy.admin_port),
+                path: "/stats/prometheus",
+            },
+            Target {
+                job: "cohort-batcher",
+                address: format!("127.0.0.1:{}", batcher.spec.http_port),
+                path: "/metrics",
+            },
+        ],
+        &[&rules_file()],
+    );
     // Traffic while Prometheus scrapes: assigned requests, and one bypass.
     let started = Instant::now();
     let mut sent = 0;
