@@ -1,6 +1,7 @@
 """Envoy + buffer filter vs Envoy + Cohort filter (affinity mode): what the filter costs.
 
-Three Envoys on loopback, one worker each: an upstream (buffer filter + direct_response),
+Three Envoys on loopback, one worker each: an upstream (buffer filter + direct_response: a
+chat completion with its usage, as an engine answers),
 a baseline front (buffer filter -> router) and a Cohort front (cohort filter -> router).
 wrk POSTs the same OpenAI chat body to each front in alternating runs (baseline, cohort,
 baseline, ...), same connections, threads and duration; the table reports the medians
@@ -73,6 +74,16 @@ from cohort_tools import stack
 from cohort_tools.stack import ENVOY, FILTER, LLAMA, MODEL, ROOT
 
 FLOOR = os.path.join(ROOT, "target/wasm/cohort_wasm_floor.wasm")
+
+# What the upstream answers: an engine's non-streamed chat completion with its usage (the
+# filter reads the cached tokens from the end of every response it counts).
+ANSWER = json.dumps({
+    "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "Your refund was issued on Monday."}}],
+    "usage": {"prompt_tokens": 512, "completion_tokens": 9, "total_tokens": 521,
+              "prompt_tokens_details": {"cached_tokens": 448}},
+})
 
 BUFFER = """
           - name: envoy.filters.http.buffer
@@ -345,7 +356,7 @@ def main():
         fronts["floor-body"] = ("wasm floor: read body", COHORT.format(wasm=FLOOR, plugin="body"))
     for i, config in enumerate(args.floor_extra):
         fronts[f"floor-extra-{i}"] = (f"wasm floor: {config}", COHORT.format(wasm=FLOOR, plugin=config))
-    direct = 'direct_response: { status: 200, body: { inline_string: "{\\"ok\\":true}" } }'
+    direct = f"direct_response: {{ status: 200, body: {{ inline_string: {json.dumps(ANSWER)} }} }}"
     hashed = "route: { cluster: upstream, hash_policy: [ { header: { header_name: x-cohort-key } } ] }"
     procs, ports = {}, {}  # name -> Envoy, name -> (admin, listener)
     try:

@@ -21,6 +21,7 @@
 //!   "rollout": { "share": 1.0, "key_header": "x-cohort-session" },
 //!   "knobs": { "global": {}, "routes": [], "tenants": {} },
 //!   "learned_cohorts": { "capacity": 128, "per_tenant": 32 },
+//!   "response_stats": { "max_routes": 8 },
 //!   "breaker": { "enabled": true, "window_s": 10, "max_error_rate": 0.005,
 //!                "absolute_max_error_rate": 0.005, "...": "..." }
 //! }
@@ -108,6 +109,25 @@ pub struct FilterConfig {
     /// by a leader clustering of the traffic this Envoy sees, kept in its shared data,
     /// instead of by the codebook's cells alone. Unset (the default): codebook ids.
     pub learned_cohorts: Option<LearnedCohortsConfig>,
+    /// The per-group response stats ([`crate::response_series`]).
+    pub response_stats: ResponseStatsConfig,
+}
+
+/// The `response_stats` section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ResponseStatsConfig {
+    /// Route names (per Envoy, the first ones its workers meet) that get series of their
+    /// own, 0 to 64; later routes are counted under `other`. 0: no route is read, every
+    /// request is counted under `other`. Each named route adds about 400 series
+    /// (docs/METRICS.md).
+    pub max_routes: usize,
+}
+
+impl Default for ResponseStatsConfig {
+    fn default() -> Self {
+        ResponseStatsConfig { max_routes: 8 }
+    }
 }
 
 /// The `learned_cohorts` section.
@@ -166,6 +186,7 @@ impl Default for FilterConfig {
             breaker: BreakerConfig::default(),
             knobs: KnobPolicy::default(),
             learned_cohorts: None,
+            response_stats: ResponseStatsConfig::default(),
         }
     }
 }
@@ -243,6 +264,12 @@ impl FilterConfig {
             u64::from(self.histogram_sample_every),
             1,
             10_000,
+        )?;
+        range(
+            "response_stats.max_routes",
+            self.response_stats.max_routes as u64,
+            0,
+            64,
         )?;
         if self.api_paths.is_empty() {
             return Err(ConfigError::ApiPaths(self.api_paths.clone()));

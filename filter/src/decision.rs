@@ -211,12 +211,7 @@ pub fn admit(
     }
     let treated = rollout.treated_buckets();
     let bucket = if treated < BUCKETS || breaker == breaker::State::HalfOpen {
-        let salt = TenantSalt::new(config.salt_secret.as_bytes(), plan.tenant.as_deref());
-        rollout::request_bucket(
-            salt,
-            first(headers, config.rollout_key_header()),
-            first(headers, REQUEST_ID),
-        )
+        request_bucket(config, plan, headers)
     } else {
         None
     };
@@ -237,6 +232,34 @@ pub fn admit(
             }
         }
     }
+}
+
+/// The rollout bucket of a request: of its user (the key header), else of its request id.
+fn request_bucket(
+    config: &FilterConfig,
+    plan: &RequestPlan,
+    headers: &[(String, String)],
+) -> Option<u32> {
+    let salt = TenantSalt::new(config.salt_secret.as_bytes(), plan.tenant.as_deref());
+    rollout::request_bucket(
+        salt,
+        first(headers, config.rollout_key_header()),
+        first(headers, REQUEST_ID),
+    )
+}
+
+/// The unit a request's response is counted in ([`crate::response_series`]): its user's
+/// rollout bucket modulo the units, while a hold-out exists (share below 1); `None`
+/// otherwise, or for a request with neither a user key nor a request id.
+pub fn stats_unit(
+    config: &FilterConfig,
+    plan: &RequestPlan,
+    headers: &[(String, String)],
+) -> Option<u8> {
+    if config.rollout.treated_buckets() >= BUCKETS {
+        return None;
+    }
+    request_bucket(config, plan, headers).map(crate::response_series::unit_of_bucket)
 }
 
 /// Headers to write for a fingerprinted request, and the fingerprint itself.
@@ -585,6 +608,37 @@ mod tests {
             admit(&all, &p, &keyless, None, State::Closed),
             Admission::Treat
         );
+    }
+
+    #[test]
+    fn users_fall_into_units_in_both_groups_while_a_holdout_exists() {
+        let config =
+            FilterConfig::parse(br#"{"rollout":{"share":0.5,"key_header":"x-user-id"}}"#).unwrap();
+        let mut per_unit = [[0u32; 2]; crate::response_series::UNITS as usize];
+        for i in 0..4_000 {
+            let user = format!("user-{i}");
+            let sent = headers(&[("x-user-id", user.as_str())]);
+            let plan = plan(inspect_headers(&config, &sent, None));
+            let unit = stats_unit(&config, &plan, &sent).expect("a user has a unit");
+            // A user keeps its unit.
+            assert_eq!(stats_unit(&config, &plan, &sent), Some(unit));
+            let closed = crate::breaker::State::Closed;
+            let treated = admit(&config, &plan, &sent, None, closed) == Admission::Treat;
+            per_unit[usize::from(unit)][usize::from(treated)] += 1;
+        }
+        // Every unit holds about an eighth of each group (250 of 2,000).
+        for [held, treated] in per_unit {
+            assert!((170..=330).contains(&held), "{per_unit:?}");
+            assert!((170..=330).contains(&treated), "{per_unit:?}");
+        }
+        // No hold-out (share 1), or no key at all: no unit.
+        let all = FilterConfig::default();
+        let sent = headers(&[("x-user-id", "u1"), ("x-request-id", "r1")]);
+        let p = plan(inspect_headers(&all, &sent, None));
+        assert_eq!(stats_unit(&all, &p, &sent), None);
+        let keyless = headers(&[]);
+        let p = plan(inspect_headers(&config, &keyless, None));
+        assert_eq!(stats_unit(&config, &p, &keyless), None);
     }
 
     #[test]

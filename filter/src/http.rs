@@ -21,7 +21,10 @@ use crate::config::{FilterConfig, Mode};
 use crate::decision::{self, reason, Admission, HeadersVerdict, RequestPlan, Routing};
 use crate::knob_effect::{self, Knob};
 use crate::learned_table::SharedTable;
+use crate::response_series::{Group as ResponseGroup, SeriesKey};
+use crate::response_stats::Measured;
 use crate::shared::{unix_ms, Shared};
+use crate::usage::{self, TailWindow};
 use cohort_fingerprint::{IntentSketch, CODEBOOK_VERSION, SKETCH_VERSION};
 use cohort_proto as pb;
 use log::debug;
@@ -73,6 +76,19 @@ struct Progress {
     first_byte_reported: bool,
 }
 
+/// A counted request's response as it goes by, for the per-group response stats.
+struct Measure {
+    /// The route tag it is counted under.
+    route: String,
+    /// Its user's unit (while a hold-out exists).
+    unit: Option<u8>,
+    status: u16,
+    headers_at: Option<SystemTime>,
+    first_byte_at: Option<SystemTime>,
+    /// The end of the response body, for the usage it reports.
+    tail: TailWindow,
+}
+
 pub struct CohortHttp {
     shared: Rc<Shared>,
     state: State,
@@ -80,8 +96,11 @@ pub struct CohortHttp {
     buffered: usize,
     /// Assign mode: what to report as the response goes by.
     progress: Option<Progress>,
-    /// When the request headers came, for the breaker's outcome (only while it is on).
+    /// When the request headers came (a counted request, while the response stats or the
+    /// breaker need it).
     started: Option<SystemTime>,
+    /// The response stats' measurement (a counted request, response stats on).
+    measure: Option<Measure>,
     /// The knob headers the request set (LLM API requests only).
     knobs_sent: Vec<Knob>,
 }
@@ -94,6 +113,7 @@ impl CohortHttp {
             buffered: 0,
             progress: None,
             started: None,
+            measure: None,
             knobs_sent: Vec::new(),
         }
     }
@@ -178,39 +198,59 @@ impl CohortHttp {
         self.state = State::Bypassed(reason);
     }
 
-    /// Reports the response's outcome to the breaker when the request belongs to one of
-    /// the groups it compares (routed by Cohort, or held out).
-    fn record_outcome(&self) {
-        let Some(started) = self.started else { return };
+    /// Reports the response's outcome to the breaker when it judges and the request belongs
+    /// to one of the groups it compares (routed by Cohort, or held out).
+    fn record_outcome(&self, config: &FilterConfig, status: u16, now: SystemTime) {
+        let Some(started) = self.started.filter(|_| config.breaker_judges()) else {
+            return;
+        };
         let group = match &self.state {
             State::Routed { .. } => Group::Cohort,
             State::Bypassed(why) if *why == reason::HOLDOUT => Group::Holdout,
             _ => return,
         };
-        let status = self
-            .get_http_response_header_bytes(":status")
-            .and_then(|b| std::str::from_utf8(&b).ok()?.parse::<u16>().ok())
-            .unwrap_or(0);
-        let error = status >= 500;
-        let now = self.get_current_time();
         let latency_ms = now
             .duration_since(started)
             .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
-        self.shared
-            .breaker
-            .borrow_mut()
-            .pending
-            .record(unix_ms(now), group, error, latency_ms);
-        if let Some(stats) = &self.shared.stats {
-            let (all, errors) = match group {
-                Group::Cohort => (stats.responses_routed, stats.responses_routed_5xx),
-                Group::Holdout => (stats.responses_holdout, stats.responses_holdout_5xx),
-            };
-            stats.inc(all);
-            if error {
-                stats.inc(errors);
-            }
-        }
+        self.shared.breaker.borrow_mut().pending.record(
+            unix_ms(now),
+            group,
+            status >= 500,
+            latency_ms,
+        );
+    }
+
+    /// Records the response in its group's series (response stats on, the request counted
+    /// and ended routed, held out or bypassed).
+    fn record_response(&mut self) {
+        let Some(measure) = self.measure.take() else {
+            return;
+        };
+        let (Some(stats), Some(started)) = (&self.shared.response_stats, self.started) else {
+            return;
+        };
+        let group = match &self.state {
+            State::Routed { .. } => ResponseGroup::Routed,
+            State::Bypassed(why) => ResponseGroup::of_bypass(why),
+            State::Untouched | State::Buffering(_) | State::Assigning(_) => return,
+        };
+        let ms = |at: SystemTime| {
+            at.duration_since(started)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        };
+        let measured = Measured {
+            status: measure.status,
+            headers_ms: measure.headers_at.map(ms),
+            ttfb_ms: measure.first_byte_at.map(ms),
+            total_ms: ms(self.get_current_time()),
+            usage: usage::scan(measure.tail.bytes()),
+        };
+        let key = SeriesKey {
+            group,
+            route: measure.route,
+            unit: measure.unit.filter(|_| group.compared()),
+        };
+        stats.record(key, &measured);
     }
 
     /// The Envoy route this request matched (`xds.route_name`), if the host says.
@@ -520,10 +560,31 @@ impl HttpContext for CohortHttp {
             None
         };
         let verdict = decision::inspect_headers(config, &headers, principal.as_deref());
-        if !matches!(verdict, HeadersVerdict::Ignore) {
-            if let Some(stats) = &shared.stats {
-                stats.inc(stats.requests);
-            }
+        if matches!(verdict, HeadersVerdict::Ignore) {
+            return Action::Continue;
+        }
+        if let Some(stats) = &shared.stats {
+            stats.inc(stats.requests);
+        }
+        let response_stats = shared.response_stats.as_ref();
+        let route =
+            if config.rollout.filters_routes() || response_stats.is_some_and(|r| r.wants_route()) {
+                self.route_name()
+            } else {
+                None
+            };
+        if response_stats.is_some() || config.breaker_judges() {
+            self.started = Some(self.get_current_time());
+        }
+        if let Some(response_stats) = response_stats {
+            self.measure = Some(Measure {
+                route: response_stats.route(route.as_deref()),
+                unit: None,
+                status: 0,
+                headers_at: None,
+                first_byte_at: None,
+                tail: TailWindow::default(),
+            });
         }
         match verdict {
             HeadersVerdict::Ignore => Action::Continue,
@@ -533,13 +594,10 @@ impl HttpContext for CohortHttp {
             }
             HeadersVerdict::Buffer(plan) => {
                 self.knobs_sent = knob_effect::sent(&config.headers, &headers);
-                let route = if config.rollout.filters_routes() {
-                    self.route_name()
-                } else {
-                    None
-                };
+                if let Some(measure) = &mut self.measure {
+                    measure.unit = decision::stats_unit(config, &plan, &headers);
+                }
                 let breaker_state = if config.breaker_judges() {
-                    self.started = Some(self.get_current_time());
                     shared.breaker.borrow().state
                 } else {
                     breaker::State::Closed
@@ -600,10 +658,22 @@ impl HttpContext for CohortHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Ok(config) = &self.shared.config else {
+        let shared = Rc::clone(&self.shared);
+        let Ok(config) = &shared.config else {
             return Action::Continue;
         };
-        self.record_outcome();
+        if self.started.is_some() {
+            let status = self
+                .get_http_response_header_bytes(":status")
+                .and_then(|b| std::str::from_utf8(&b).ok()?.parse::<u16>().ok())
+                .unwrap_or(0);
+            let now = self.get_current_time();
+            self.record_outcome(config, status, now);
+            if let Some(measure) = &mut self.measure {
+                measure.status = status;
+                measure.headers_at = Some(now);
+            }
+        }
         let detail = match &self.state {
             State::Routed {
                 cluster,
@@ -652,6 +722,23 @@ impl HttpContext for CohortHttp {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.measure.is_some() && body_size > 0 {
+            let first_byte_at = self
+                .measure
+                .as_ref()
+                .is_some_and(|m| m.first_byte_at.is_none())
+                .then(|| self.get_current_time());
+            let (start, len) = TailWindow::wanted(body_size);
+            let tail = self.get_http_response_body(start, len);
+            if let Some(measure) = &mut self.measure {
+                if first_byte_at.is_some() {
+                    measure.first_byte_at = first_byte_at;
+                }
+                if let Some(tail) = tail {
+                    measure.tail.push(&tail);
+                }
+            }
+        }
         if body_size > 0 || end_of_stream {
             let first = self
                 .progress
@@ -668,6 +755,7 @@ impl HttpContext for CohortHttp {
     }
 
     fn on_log(&mut self) {
+        self.record_response();
         if self.progress.is_none() {
             return;
         }

@@ -13,6 +13,9 @@
 //! - [`knob_effect`]: which client knob acts in which mode, and which a request set for
 //!   nothing (`x-cohort-ignored`);
 //! - [`rollout`]: the sampled share of users Cohort acts on, and the hold-out (pure);
+//! - [`response_series`]: which series a response is counted in (its group: routed, held
+//!   out or bypassed; its route and unit) and the stat names that carry them as tags (pure);
+//! - [`usage`]: the cached prompt tokens an engine's response reports (pure);
 //! - [`breaker`]: the automatic breaker that compares the two and switches Cohort off (pure);
 //! - `stats`: the Envoy counters and histograms (`cohort_*`);
 //! - `shared`: what the root context hands every HTTP context of its VM (configuration,
@@ -21,7 +24,8 @@
 //!   worker's outcomes into the breaker all workers share;
 //! - `http`: per-request glue between Envoy's callbacks, [`decision`] and [`batcher`]:
 //!   buffering, dispatching `Assign` and writing what its answer became;
-//! - `learned_table`: the learned cohorts' table in Envoy's shared data.
+//! - `learned_table`: the learned cohorts' table in Envoy's shared data;
+//! - `response_stats`: the per-group response stats' metrics and the shared route table.
 //!
 //! The proxy-wasm glue is compiled for wasm32 only; the pure modules build everywhere.
 
@@ -31,12 +35,16 @@ pub mod config;
 pub mod decision;
 pub mod grpc_target;
 pub mod knob_effect;
+pub mod response_series;
 pub mod rollout;
+pub mod usage;
 
 #[cfg(target_arch = "wasm32")]
 mod http;
 #[cfg(target_arch = "wasm32")]
 mod learned_table;
+#[cfg(target_arch = "wasm32")]
+mod response_stats;
 #[cfg(target_arch = "wasm32")]
 mod root;
 #[cfg(target_arch = "wasm32")]

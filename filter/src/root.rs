@@ -20,6 +20,7 @@ use crate::breaker::{self, Breaker};
 use crate::config::FilterConfig;
 use crate::grpc_target::grpc_target;
 use crate::http::CohortHttp;
+use crate::response_stats::ResponseStats;
 use crate::shared::{unix_ms, BreakerLocal, Shared};
 use crate::stats::{Sampler, Stats};
 use cohort_proto as pb;
@@ -50,6 +51,7 @@ impl Default for CohortRoot {
             shared: Rc::new(Shared {
                 config: Err("not configured yet".into()),
                 stats: None,
+                response_stats: None,
                 histogram_sampler: Sampler::new(1),
                 outbox: RefCell::new(Outbox::new(0)),
                 breaker: RefCell::new(BreakerLocal::default()),
@@ -262,6 +264,13 @@ impl RootContext for CohortRoot {
         if config.as_ref().is_ok_and(|c| c.learned_cohorts.is_some()) {
             crate::learned_table::create(&learned_key);
         }
+        let response_stats = match (&config, &stats) {
+            (Ok(config), Some(_)) => Some(ResponseStats::new(
+                format!("cohort.routes.{plugin}"),
+                config.response_stats.max_routes,
+            )),
+            _ => None,
+        };
         let sample_every = config.as_ref().map_or(1, |c| c.histogram_sample_every);
         // Validated with the configuration, so the name itself is only a formality.
         let batcher_targets = config.as_ref().map_or(Vec::new(), |c| {
@@ -273,6 +282,7 @@ impl RootContext for CohortRoot {
         self.shared = Rc::new(Shared {
             config,
             stats,
+            response_stats,
             histogram_sampler: Sampler::new(sample_every),
             outbox: RefCell::new(Outbox::new(shards)),
             breaker: RefCell::new(breaker),

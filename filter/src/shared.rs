@@ -1,6 +1,7 @@
 //! What the root context hands every HTTP context of its VM ([`Shared`]): the
-//! configuration, the stats, the observation outbox, this VM's side of the breaker, the
-//! learned table's key and the batcher shards' gRPC targets; and the host clock in Unix milliseconds ([`unix_ms`]).
+//! configuration, the stats, the per-group response stats, the observation outbox, this
+//! VM's side of the breaker, the learned table's key and the batcher shards' gRPC targets;
+//! and the host clock in Unix milliseconds ([`unix_ms`]).
 //!
 //! `root` builds it (once per configuration) and `http` reads it; neither needs the other
 //! for it.
@@ -8,6 +9,7 @@
 use crate::batcher::Outbox;
 use crate::breaker::{self, Window};
 use crate::config::FilterConfig;
+use crate::response_stats::ResponseStats;
 use crate::stats::{Sampler, Stats};
 use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -31,6 +33,8 @@ pub struct Shared {
     pub config: Result<FilterConfig, String>,
     /// `None` only if the host refused to define metrics; requests still flow.
     pub stats: Option<Stats>,
+    /// The per-group response stats; `None` with an invalid configuration or no stats.
+    pub response_stats: Option<ResponseStats>,
     /// Which fingerprinted requests are timed for the histograms.
     pub histogram_sampler: Sampler,
     /// Observations waiting for the root context to send them, per batcher shard.

@@ -24,13 +24,10 @@
 //! | `cohort_observe_sent_total` | counter | observations sent on an `Observe` stream |
 //! | `cohort_progress_sent_total` | counter | progress reports of assigned requests (first byte, end) sent on it |
 //! | `cohort_observe_dropped_total` | counter | observations dropped (queue full while the batcher was away, or a failed send) |
-//! | `cohort_responses_routed_total` | counter | responses to requests Cohort routed (the breaker's cohort group; counted while the breaker judges: enabled, with a hold-out) |
-//! | `cohort_responses_routed_5xx_total` | counter | of which 5xx |
-//! | `cohort_responses_holdout_total` | counter | responses to held-out requests (the breaker's control group) |
-//! | `cohort_responses_holdout_5xx_total` | counter | of which 5xx |
 //! | `cohort_breaker_state` | gauge | 0 closed, 1 open, 2 half-open |
 //! | `cohort_breaker_trips_total` | counter | times the breaker opened |
 //! | `cohort_breaker_trips_<rule>_total` | counter | of which by the `relative` rule (against the hold-out) or the `absolute` one |
+//! | `cohort_responses_total` and the other `cohort_response_*` series | tagged | each counted request's response by group, route, unit and status class ([`crate::response_series`], `crate::response_stats`) |
 //! | `cohort_knob_ignored_<knob>_<mode>_total` | counter | requests that set a knob header with no effect in the mode they were routed in, or that their batcher cannot act on (named in `x-cohort-ignored`; `crate::knob_effect`) |
 
 use crate::breaker::Rule;
@@ -90,10 +87,6 @@ pub struct Stats {
     pub observe_sent: u32,
     pub progress_sent: u32,
     pub observe_dropped: u32,
-    pub responses_routed: u32,
-    pub responses_routed_5xx: u32,
-    pub responses_holdout: u32,
-    pub responses_holdout_5xx: u32,
     pub breaker_state: u32,
     pub breaker_trips: u32,
     /// Indexed by [`Rule`] (its order in [`Rule::ALL`]).
@@ -154,10 +147,6 @@ impl Stats {
             observe_sent: counter("cohort_observe_sent_total")?,
             progress_sent: counter("cohort_progress_sent_total")?,
             observe_dropped: counter("cohort_observe_dropped_total")?,
-            responses_routed: counter("cohort_responses_routed_total")?,
-            responses_routed_5xx: counter("cohort_responses_routed_5xx_total")?,
-            responses_holdout: counter("cohort_responses_holdout_total")?,
-            responses_holdout_5xx: counter("cohort_responses_holdout_5xx_total")?,
             breaker_state: gauge("cohort_breaker_state")?,
             breaker_trips: counter("cohort_breaker_trips_total")?,
             breaker_trips_by_rule: [trips(Rule::ALL[0])?, trips(Rule::ALL[1])?],

@@ -180,6 +180,36 @@ impl Envoy {
 }
 
 impl Envoy {
+    /// The sum of every series of `metric` in `/stats/prometheus` (the form Prometheus
+    /// scrapes: tags extracted as labels) whose labels include all of `labels`; a
+    /// histogram's count is `<metric>_count`.
+    pub fn series_sum(&self, metric: &str, labels: &[(&str, &str)]) -> f64 {
+        self.series(metric, labels).iter().map(|(_, v)| v).sum()
+    }
+
+    /// Every series of `metric` in `/stats/prometheus` with all of `labels`: its label
+    /// text (`{a="1",b="2"}`) and value.
+    pub fn series(&self, metric: &str, labels: &[(&str, &str)]) -> Vec<(String, f64)> {
+        let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        self.admin("/stats/prometheus")
+            .lines()
+            .filter_map(|line| {
+                let (series, value) = line.rsplit_once(' ')?;
+                let rest = series.strip_prefix(metric)?;
+                if !(rest.is_empty() || rest.starts_with('{')) {
+                    return None;
+                }
+                let inner = rest.trim_start_matches('{').trim_end_matches('}');
+                let present: Vec<&str> = inner.split(',').collect();
+                wanted
+                    .iter()
+                    .all(|w| present.contains(&w.as_str()))
+                    .then(|| Some((rest.to_owned(), value.parse().ok()?)))
+                    .flatten()
+            })
+            .collect()
+    }
+
     /// Waits until stat `name` reaches `at_least` (e.g. a cluster's `membership_healthy`
     /// after its first health checks); returns whether it did within `timeout`.
     pub fn wait_for_stat(&self, name: &str, at_least: u64, timeout: Duration) -> bool {

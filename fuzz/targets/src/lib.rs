@@ -21,6 +21,7 @@
 //! | [`knobs`] | knob headers: arbitrary names, non-UTF-8, NaN/inf/huge values |
 //! | [`assign_reply`] | the batcher's `AssignReply` protobuf as the filter decodes it |
 //! | [`filter_config`] | the filter's plugin configuration JSON |
+//! | [`response_usage`] | the end of an engine's response, as the filter reads its cached tokens |
 
 pub mod assign_reply;
 pub mod body;
@@ -30,6 +31,7 @@ pub mod knobs;
 pub mod line;
 pub mod mutate;
 pub mod normalize;
+pub mod response_usage;
 pub mod sketch;
 
 /// One fuzz target: its name (the directory of its seeds) and its function.
@@ -68,6 +70,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "filter_config",
         run: filter_config::filter_config,
+    },
+    Target {
+        name: "response_usage",
+        run: response_usage::response_usage,
     },
 ];
 

@@ -28,6 +28,7 @@ mod inspector_ui;
 mod istio_manifests;
 mod knob_table;
 mod mesh_rehearsal;
+mod response_stats;
 mod rollout_breaker;
 mod shipped_breaker;
 mod soak;
