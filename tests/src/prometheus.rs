@@ -115,6 +115,20 @@ impl Prometheus {
             .unwrap_or_default()
     }
 
+    /// Waits until every target was scraped (`up` is 1 for each; Prometheus applies new
+    /// targets a few seconds after it starts): a counter series born before its target's
+    /// first scrape would have its first value left out of `increase()`.
+    pub fn wait_scraped(&self, targets: usize) {
+        let mut up = Vec::new();
+        assert!(
+            crate::eventually(std::time::Duration::from_secs(30), || {
+                up = self.query("up == 1");
+                up.len() == targets
+            }),
+            "targets not scraped in 30 s: up {up:?}"
+        );
+    }
+
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)

@@ -251,12 +251,18 @@ impl Difference {
 
 /// `a − b` with a `confidence` interval by Welch's t (each variance with `units − 1`
 /// degrees of freedom); `None` when either variance is unknown. When both variances are
-/// zero the interval is the point itself.
+/// zero (every unit gave the same value) the interval is the point itself, and a
+/// difference within rounding (1e-9 of the values) is 0.
 pub fn welch(a: &Estimate, b: &Estimate, confidence: f64) -> Option<Difference> {
     let (va, vb) = (a.variance?, b.variance?);
-    let value = a.value - b.value;
+    let mut value = a.value - b.value;
     let se2 = va + vb;
-    if se2 <= 0.0 {
+    // Rounding noise, not spread: every unit gave the same value (up to the last bits).
+    let negligible = 1e-9 * a.value.abs().max(b.value.abs());
+    if se2.sqrt() <= negligible {
+        if value.abs() <= negligible {
+            value = 0.0;
+        }
         return Some(Difference {
             value,
             low: value,
@@ -702,6 +708,17 @@ mod tests {
         let half = t_quantile(0.975, df) * 5.0_f64.sqrt();
         assert!((d.low - (7.0 - half)).abs() < 1e-9 && (d.high - (7.0 + half)).abs() < 1e-9);
         assert!(d.excludes_zero());
+        // Every unit alike in both groups, values equal but for rounding: no difference.
+        let flat = |value: f64| Estimate {
+            value,
+            variance: Some(0.0),
+            units: 8,
+        };
+        let same = welch(&flat(0.906_25), &flat(0.906_25 + 1e-16), 0.95).unwrap();
+        assert_eq!((same.value, same.low, same.high), (0.0, 0.0, 0.0));
+        assert!(!same.excludes_zero());
+        let apart = welch(&flat(0.9), &flat(0.8), 0.95).unwrap();
+        assert!(apart.excludes_zero() && apart.low == apart.high);
         // One variance zero: the other's degrees of freedom.
         let exact = Estimate {
             variance: Some(0.0),
