@@ -359,7 +359,7 @@ typed_config:
         assert!(line.ends_with("too small to conclude"), "{line}");
     }
     let tiny_json: Json = serde_json::from_str(&report(&prometheus, "tiny", "json")).unwrap();
-    assert_eq!(tiny_json["outcome"], "holdout_too_small", "{tiny_json}");
+    assert_eq!(tiny_json["outcome"], "too_small_holdout", "{tiny_json}");
 
     // The dashboard row: every query answers, both groups where it splits by group; the
     // p50 line shows Cohort slower.

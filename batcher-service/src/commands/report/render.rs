@@ -37,6 +37,32 @@ pub const INTERFERENCE: &str =
      Cohort warms and on replicas Cohort loads. The difference measures Cohort at the current \
      rollout share, not a full rollout against none; it usually understates the cache effect.";
 
+/// The width the table's notes wrap at.
+const WIDTH: usize = 96;
+
+/// `text` broken into lines of at most `width` characters at spaces (a longer word stays
+/// whole), each ending in a newline.
+fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            out.push_str(&line);
+            out.push('\n');
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
 fn label(measure: Measure) -> &'static str {
     match measure {
         Measure::TtftP50 => "TTFT p50",
@@ -108,11 +134,12 @@ pub fn text(
         header.prometheus
     );
     if comparison.outcome == Outcome::NoData {
-        out.push_str(
+        out.push_str(&wrap(
             "No data: no Cohort-routed or held-out responses in the window (cohort_responses_total). \
              Check that Prometheus scrapes the proxies' /stats/prometheus, the route and selector, \
-             and that the filter handled LLM API requests in the window.\n",
-        );
+             and that the filter handled LLM API requests in the window.",
+            WIDTH,
+        ));
         return out;
     }
     out.push_str(&format!(
@@ -133,14 +160,17 @@ pub fn text(
     }
     out.push('\n');
     let (c, h) = (&comparison.cohort, &comparison.holdout);
-    out.push_str(&format!(
-        "Units with at least {} responses: Cohort {} of {UNITS}, hold-out {} of {UNITS}. \
-         Responses that reported usage: Cohort {:.0}, hold-out {:.0}.\n",
-        threshold.min_unit_responses,
-        comparison.cohort_units,
-        comparison.holdout_units,
-        c.usage_responses,
-        h.usage_responses
+    out.push_str(&wrap(
+        &format!(
+            "Units with at least {} responses: Cohort {} of {UNITS}, hold-out {} of {UNITS}. \
+         Responses that reported usage: Cohort {:.0}, hold-out {:.0}.",
+            threshold.min_unit_responses,
+            comparison.cohort_units,
+            comparison.holdout_units,
+            c.usage_responses,
+            h.usage_responses
+        ),
+        WIDTH,
     ));
     let bypassed_total: f64 = bypassed.values().sum();
     if bypassed_total > 0.0 {
@@ -149,36 +179,40 @@ pub fn text(
             .filter(|(_, n)| **n > 0.0)
             .map(|(reason, n)| format!("{reason} {n:.0}"))
             .collect();
-        out.push_str(&format!(
-            "Bypassed (in neither group): {bypassed_total:.0} responses ({}).\n",
-            reasons.join(", ")
+        out.push_str(&wrap(
+            &format!(
+                "Bypassed (in neither group): {bypassed_total:.0} responses ({}).",
+                reasons.join(", ")
+            ),
+            WIDTH,
         ));
     }
     match comparison.outcome {
-        Outcome::NoHoldout => out.push_str(
+        Outcome::NoHoldout => out.push_str(&wrap(
             "No hold-out: no held-out responses in the window (rollout.share is 1, or nothing was \
              held out), so there is nothing to compare Cohort against. Keep a hold-out \
-             (rollout.share below 1) to measure Cohort's effect.\n",
-        ),
-        Outcome::NoCohort => out.push_str(
+             (rollout.share below 1) to measure Cohort's effect.",
+            WIDTH,
+        )),
+        Outcome::NoCohort => out.push_str(&wrap(
             "No Cohort-routed responses in the window (rollout.share 0, or every request was \
-             bypassed): nothing to compare.\n",
-        ),
+             bypassed): nothing to compare.",
+            WIDTH,
+        )),
         Outcome::HoldoutTooSmall(small) => {
-            out.push_str(&too_small("the hold-out", &small, threshold));
-            out.push('\n');
+            out.push_str(&wrap(&too_small("the hold-out", &small, threshold), WIDTH));
         }
         Outcome::CohortTooSmall(small) => {
-            out.push_str(&too_small("Cohort's group", &small, threshold));
-            out.push('\n');
+            out.push_str(&wrap(
+                &too_small("Cohort's group", &small, threshold),
+                WIDTH,
+            ));
         }
         Outcome::Compared | Outcome::NoData => {}
     }
     out.push('\n');
-    out.push_str(&method(threshold));
-    out.push('\n');
-    out.push_str(INTERFERENCE);
-    out.push('\n');
+    out.push_str(&wrap(&method(threshold), WIDTH));
+    out.push_str(&wrap(INTERFERENCE, WIDTH));
     out
 }
 
@@ -215,8 +249,8 @@ pub fn json(
         Outcome::NoData => ("no_data", None),
         Outcome::NoHoldout => ("no_holdout", None),
         Outcome::NoCohort => ("no_cohort", None),
-        Outcome::HoldoutTooSmall(s) => ("holdout_too_small", Some(s)),
-        Outcome::CohortTooSmall(s) => ("cohort_too_small", Some(s)),
+        Outcome::HoldoutTooSmall(s) => ("too_small_holdout", Some(s)),
+        Outcome::CohortTooSmall(s) => ("too_small_cohort", Some(s)),
     };
     json!({
         "prometheus": header.prometheus,
@@ -358,6 +392,24 @@ mod tests {
     }
 
     #[test]
+    fn notes_wrap_at_spaces() {
+        assert_eq!(wrap("aa bb cc dd", 5), "aa bb\ncc dd\n");
+        assert_eq!(wrap("a verylongword b", 4), "a\nverylongword\nb\n");
+        assert_eq!(wrap("", 10), "");
+        let text = text(
+            &header(),
+            &compare(
+                &group(&[100.0; 8], 250.0),
+                &Group::default(),
+                &Threshold::default(),
+            ),
+            &BTreeMap::new(),
+            &Threshold::default(),
+        );
+        assert!(text.lines().all(|l| l.chars().count() <= WIDTH), "{text}");
+    }
+
+    #[test]
     fn a_tiny_hold_out_or_none_says_so_instead_of_a_verdict() {
         let threshold = Threshold::default();
         let cohort = group(&[100.0; 8], 250.0);
@@ -372,7 +424,7 @@ mod tests {
         assert!(p50.ends_with("too small to conclude"), "{p50}");
         assert!(!text.contains("Bypassed"));
         let json = json(&header(), &comparison, &BTreeMap::new(), &threshold);
-        assert_eq!(json["outcome"], "holdout_too_small");
+        assert_eq!(json["outcome"], "too_small_holdout");
         assert_eq!(json["too_small"]["responses"], 39.0);
 
         let none = compare(&cohort, &Group::default(), &threshold);
