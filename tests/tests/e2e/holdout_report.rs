@@ -114,19 +114,30 @@ fn send(port: u16, clients: usize, users: &[String], requests: usize) -> BTreeMa
     counts.into_inner().unwrap()
 }
 
-/// Runs `cohort report` and returns its standard output; panics unless it exits 0.
-fn report(prometheus: &Prometheus, route: &str, format: &str) -> String {
+/// Runs `cohort report` with `args` after the subcommand: (exit success, stdout, stderr).
+fn run_report(args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(cohort_tests::batcher::binary())
-        .args(["report", "--prometheus", &prometheus.url(), "--since", "5m"])
-        .args(["--route", route, "--format", format])
+        .arg("report")
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
         .output()
         .expect("cohort runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
+    (
         out.status.success(),
-        "cohort report failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `cohort report` over the last 5 minutes of route `route`, with `extra` arguments;
+/// returns its standard output; panics unless it exits 0.
+fn report(prometheus: &Prometheus, route: &str, format: &str, extra: &[&str]) -> String {
+    let url = prometheus.url();
+    let mut args = vec!["--prometheus", &url, "--since", "5m"];
+    args.extend(["--route", route, "--format", format]);
+    args.extend(extra);
+    let (ok, stdout, stderr) = run_report(&args);
+    assert!(ok, "cohort report {args:?} failed: {stdout}{stderr}");
     stdout
 }
 
@@ -259,7 +270,7 @@ typed_config:
             held_out.push(user);
         }
         *tiny_counts.entry(group).or_default() += 1;
-        if held_out.len() == 4 && n >= 300 {
+        if held_out.len() >= 4 && n >= 300 {
             break;
         }
     }
@@ -308,7 +319,7 @@ typed_config:
     std::thread::sleep(Duration::from_secs(2));
 
     // The report on route chat: Cohort slower, confidently; the verdict says worse.
-    let table = report(&prometheus, "chat", "table");
+    let table = report(&prometheus, "chat", "table", &[]);
     println!("{table}");
     let p50_line = table
         .lines()
@@ -316,7 +327,14 @@ typed_config:
         .unwrap_or_else(|| panic!("no TTFT p50 line in\n{table}"));
     assert!(p50_line.ends_with("worse"), "{p50_line}");
     assert!(table.contains("Welch") && table.contains("share the same replicas"));
-    let json: Json = serde_json::from_str(&report(&prometheus, "chat", "json")).unwrap();
+    // The same through an extra matcher (the scrape job), as JSON.
+    let json: Json = serde_json::from_str(&report(
+        &prometheus,
+        "chat",
+        "json",
+        &["--selector", r#"job="envoy""#],
+    ))
+    .unwrap();
     assert_eq!(json["outcome"], "compared", "{json}");
     let p50 = measure(&json, "ttft_p50_ms");
     let (difference, low, high) = (
@@ -349,7 +367,7 @@ typed_config:
     }
 
     // Route tiny: too small to conclude.
-    let tiny_table = report(&prometheus, "tiny", "table");
+    let tiny_table = report(&prometheus, "tiny", "table", &[]);
     println!("{tiny_table}");
     assert!(
         tiny_table.contains("Too small to conclude: the hold-out has"),
@@ -358,8 +376,35 @@ typed_config:
     for line in tiny_table.lines().filter(|l| l.starts_with("TTFT")) {
         assert!(line.ends_with("too small to conclude"), "{line}");
     }
-    let tiny_json: Json = serde_json::from_str(&report(&prometheus, "tiny", "json")).unwrap();
+    let tiny_json: Json = serde_json::from_str(&report(&prometheus, "tiny", "json", &[])).unwrap();
     assert_eq!(tiny_json["outcome"], "too_small_holdout", "{tiny_json}");
+
+    // No series for a route: it says so. Prometheus unreachable, a server that is not
+    // Prometheus, a matcher Prometheus rejects: an error that says which, exit status 1.
+    let none = report(&prometheus, "no-such-route", "table", &[]);
+    assert!(none.contains("No data:"), "{none}");
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    let admin = format!("http://127.0.0.1:{}", stack.envoy.admin_port);
+    for (args, expected) in [
+        (
+            vec!["--prometheus", closed.as_str()],
+            "cannot reach Prometheus",
+        ),
+        (
+            vec!["--prometheus", admin.as_str()],
+            "not a Prometheus API answer",
+        ),
+        (
+            vec!["--prometheus", &prometheus.url(), "--selector", "job=="],
+            "bad_data",
+        ),
+    ] {
+        let (ok, stdout, stderr) = run_report(&args);
+        assert!(
+            !ok && stderr.contains(expected),
+            "{args:?}: {stdout}{stderr}"
+        );
+    }
 
     // The dashboard row: every query answers, both groups where it splits by group; the
     // p50 line shows Cohort slower.
