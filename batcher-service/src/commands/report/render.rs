@@ -83,18 +83,30 @@ fn value(measure: Measure, v: f64) -> String {
 
 /// A difference of `measure` (ms, or percentage points), signed.
 fn difference(measure: Measure, d: f64) -> String {
-    match measure {
-        Measure::TtftP50 | Measure::TtftP95 => format!("{d:+.1} ms"),
-        Measure::CachedShare => format!("{:+.1} pp", d * 100.0),
-        Measure::ErrorRate => format!("{:+.2} pp", d * 100.0),
-    }
+    let unit = match measure {
+        Measure::TtftP50 | Measure::TtftP95 => "ms",
+        Measure::CachedShare | Measure::ErrorRate => "pp",
+    };
+    format!("{} {unit}", bound(measure, d))
 }
 
+/// A signed difference in the measure's unit (ms, or percentage points), rounded; a value
+/// that rounds to zero is `+0.0`, never `-0.0`.
 fn bound(measure: Measure, d: f64) -> String {
-    match measure {
-        Measure::TtftP50 | Measure::TtftP95 => format!("{d:+.1}"),
-        Measure::CachedShare => format!("{:+.1}", d * 100.0),
-        Measure::ErrorRate => format!("{:+.2}", d * 100.0),
+    let (value, decimals) = match measure {
+        Measure::TtftP50 | Measure::TtftP95 => (d, 1),
+        Measure::CachedShare => (d * 100.0, 1),
+        Measure::ErrorRate => (d * 100.0, 2),
+    };
+    let text = format!("{value:+.decimals$}");
+    if text
+        .trim_start_matches(['+', '-'])
+        .trim_matches(['0', '.'])
+        .is_empty()
+    {
+        text.replacen('-', "+", 1)
+    } else {
+        text
     }
 }
 
@@ -389,6 +401,16 @@ mod tests {
         assert_eq!(json["measures"][0]["measure"], "ttft_p50_ms");
         assert_eq!(json["measures"][0]["verdict"], "worse");
         assert!(json["measures"][0]["ci"]["low"].as_f64().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn differences_are_signed_and_zero_is_never_negative() {
+        assert_eq!(difference(Measure::TtftP50, 167.74), "+167.7 ms");
+        assert_eq!(difference(Measure::TtftP95, -2.06), "-2.1 ms");
+        assert_eq!(difference(Measure::CachedShare, -0.000_04), "+0.0 pp");
+        assert_eq!(difference(Measure::ErrorRate, 0.0123), "+1.23 pp");
+        assert_eq!(bound(Measure::ErrorRate, -0.000_01), "+0.00");
+        assert_eq!(bound(Measure::CachedShare, -0.2), "-20.0");
     }
 
     #[test]
