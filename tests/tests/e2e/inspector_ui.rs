@@ -21,6 +21,8 @@ use std::time::Duration;
 
 const CHAT: &str = "/v1/chat/completions";
 const PROMPT: &str = "How can I reset my card PIN, customer 42?";
+/// How late replica-1 answers: its time to first byte stands out in the Replicas panel.
+const SLOW: Duration = Duration::from_millis(300);
 
 fn chat(user: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({"model": "m", "messages": [
@@ -49,7 +51,8 @@ fn the_playground_fingerprints_in_the_browser_and_names_the_nearest_cohort() {
         .start();
     let (envoy, batcher) = (&stack.envoy, stack.batcher());
 
-    // Traffic of two intents, observed by the batcher through the filter.
+    // Traffic of two intents, observed by the batcher through the filter; replica-1 is slow.
+    stack.upstream(1).set_delay(SLOW);
     for i in 0..6 {
         for user in [
             format!("How can I reset my card PIN, customer {i}?"),
@@ -130,7 +133,7 @@ fn the_playground_fingerprints_in_the_browser_and_names_the_nearest_cohort() {
         let text = row[col].as_str().unwrap_or_default();
         text.split_whitespace().next()?.parse().ok()
     };
-    let (mut shares, mut in_flight) = (0.0, 0.0);
+    let (mut shares, mut in_flight, mut medians) = (0.0, 0.0, Vec::new());
     for row in &rows {
         assert_eq!(row["health"], "up", "{row}");
         assert!(
@@ -154,12 +157,22 @@ fn the_playground_fingerprints_in_the_browser_and_names_the_nearest_cohort() {
                 matches!((p50, p95), (Some(a), Some(b)) if a <= b),
                 "TTFT numbers: {row}"
             );
+            medians.push((row["name"].clone(), p50.unwrap_or_default()));
         } else {
             assert_eq!(row["ttft_p50"], "—", "{row}");
         }
     }
     assert_eq!(in_flight, 1.0, "the held request only: {rows:?}");
     assert!((shares - 100.0).abs() <= 2.0, "shares add up: {rows:?}");
+    // Where the slow replica was assigned requests, its median is at least its delay and
+    // above every other replica's: each TTFT is its own replica's.
+    let slow = stack.upstream(1).name.as_str();
+    if let Some(&(_, slow_p50)) = medians.iter().find(|(name, _)| name == slow) {
+        assert!(slow_p50 >= SLOW.as_millis() as f64, "{rows:?}");
+        for (name, p50) in medians.iter().filter(|(name, _)| name != slow) {
+            assert!(*p50 < slow_p50, "{name}: {rows:?}");
+        }
+    }
     let png = browser.screenshot();
     gates.iter().for_each(|gate| gate.release());
     assert_eq!(held.next_data().as_deref(), Some("[DONE]"));
