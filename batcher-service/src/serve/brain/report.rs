@@ -62,8 +62,10 @@ impl Brain {
     /// the policy counts as held on it now. `kv_events` is `null`: no engine's KV cache
     /// events are consumed.
     pub fn replicas_state(&self, now_ms: u64) -> serde_json::Value {
-        let snapshot = lock(&self.policy).snapshot(now_ms);
-        let capacity = lock(&self.policy).config().blocks_per_replica;
+        let (snapshot, capacity) = {
+            let policy = lock(&self.policy);
+            (policy.snapshot(now_ms), policy.config().blocks_per_replica)
+        };
         let held: Vec<_> = read(&self.members)
             .held()
             .filter_map(|(slot, m)| Some((slot, m.clone(), snapshot.replicas.get(slot)?.clone())))
