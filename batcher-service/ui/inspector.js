@@ -1,9 +1,11 @@
 // The inspector page's logic: loads the wasm-bindgen build of the fingerprint core,
-// runs the playground, and refreshes the live tables from /ui/api/state every 2 s.
+// runs the playground, and refreshes the live tables (replicas, cohorts, pivot, store,
+// heatmap) from /ui/api/state every 2 s.
 import init, { fingerprint_line } from "/ui/pkg/cohort_fingerprint_web.js";
 
 const $ = (id) => document.getElementById(id);
-const cell = (text, left) => `<td${left ? ' class="l"' : ""}>${String(text).replace(/[&<>]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;" })[c])}</td>`;
+const esc = (text) => String(text).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+const cell = (text, left) => `<td${left ? ' class="l"' : ""}>${esc(text)}</td>`;
 
 function fingerprint(prompt) {
   return JSON.parse(fingerprint_line(JSON.stringify({ text: prompt })));
@@ -42,9 +44,40 @@ function heatColour(n, max) {
   return `hsl(${(1 - t) * 60}, 90%, ${75 - t * 35}%)`;
 }
 
+// One replica row: every cell names its column (data-col) for tests; numbers are plain.
+function replicaRow(r) {
+  const td = (col, text, { left, cls, title } = {}) => {
+    const attrs = [`data-col="${col}"`, left || cls ? `class="${[left ? "l" : "", cls ?? ""].join(" ").trim()}"` : "", title ? `title="${esc(title)}"` : ""];
+    return `<td ${attrs.filter(Boolean).join(" ")}>${esc(text)}</td>`;
+  };
+  const source = r.source === "static" ? "static" : `DNS ${r.endpoint ?? ""}`;
+  const health = r.held_out_s != null ? `${r.health} (${r.held_out_s} s left)` : r.health;
+  const probe = r.probe ? `${r.probe.up ? "answered" : "failed"} ${r.probe.age_s} s ago` : "not probed";
+  const share = r.share_60s == null ? "—" : `${(r.share_60s * 100).toFixed(0)} % (${r.assigns_60s})`;
+  const ttft = (q) => (r.ttft_ms ? `${r.ttft_ms[q]} ms` : "—");
+  const ttftTitle = r.ttft_ms ? `${r.ttft_ms.samples} first-byte reports` : "no first byte reported in the last 5 min";
+  return `<tr data-replica="${esc(r.name)}">${[
+    td("name", r.name, { left: true }),
+    td("source", source, { left: true }),
+    td("health", health, { left: true, cls: r.available ? "ok" : "bad" }),
+    td("probe", probe, { left: true, cls: r.probe ? (r.probe.up ? "" : "bad") : "muted", title: r.probe ? "" : "replicas known by name only are not probed" }),
+    td("in_flight", r.in_flight, { title: `${r.assigned_total} assigned since start` }),
+    td("share", share),
+    td("ttft_p50", ttft("p50"), { title: ttftTitle }),
+    td("ttft_p95", ttft("p95"), { title: ttftTitle }),
+    td("blocks", r.blocks_resident, { title: `of ${r.blocks_capacity} modelled per replica` }),
+    td("kv_events", r.kv_events ?? "not published", { left: true, cls: r.kv_events ? "" : "muted", title: "fills when the replica publishes KV cache events" }),
+  ].join("")}</tr>`;
+}
+
 function render(state) {
   const b = state.batcher;
   $("status").textContent = `${b.cohorts_live} live cohorts · ${b.observations} observations · ${b.assigns} assigns`;
+  const replicas = state.replicas ?? [];
+  $("replicas").tBodies[0].innerHTML = replicas.length
+    ? replicas.map(replicaRow).join("")
+    : `<tr><td class="l muted" colspan="10">no replica known yet (discovery has found none)</td></tr>`;
+  $("replicas").dataset.rows = String(replicas.length);
   $("cohorts").tBodies[0].innerHTML = b.cohorts
     .map((c) => `<tr>${cell(c.cohort, true)}${cell(c.tenant, true)}${cell(c.members)}${cell(c.idle_s)}</tr>`).join("");
   const sources = [...new Set(b.pivot.map((p) => p.source))].slice(0, 8);

@@ -21,8 +21,8 @@ use crate::config::{FilterConfig, Mode};
 use crate::decision::{self, reason, Admission, HeadersVerdict, RequestPlan, Routing};
 use crate::knob_effect::{self, Knob};
 use crate::learned_table::SharedTable;
-use crate::response_series::{Group as ResponseGroup, SeriesKey};
-use crate::response_stats::Measured;
+use crate::response_series::Group as ResponseGroup;
+use crate::response_stats::{Measured, RouteId};
 use crate::shared::{unix_ms, Shared};
 use crate::usage::{self, TailWindow};
 use cohort_fingerprint::{IntentSketch, CODEBOOK_VERSION, SKETCH_VERSION};
@@ -78,10 +78,12 @@ struct Progress {
 
 /// A counted request's response as it goes by, for the per-group response stats.
 struct Measure {
-    /// The route tag it is counted under.
-    route: String,
+    /// The route it is counted under.
+    route: RouteId,
     /// Its user's unit (while a hold-out exists).
     unit: Option<u8>,
+    /// Whether its times are recorded (one request in `histogram_sample_every`).
+    timed: bool,
     status: u16,
     headers_at: Option<SystemTime>,
     first_byte_at: Option<SystemTime>,
@@ -96,8 +98,8 @@ pub struct CohortHttp {
     buffered: usize,
     /// Assign mode: what to report as the response goes by.
     progress: Option<Progress>,
-    /// When the request headers came (a counted request, while the response stats or the
-    /// breaker need it).
+    /// When the request headers came (a counted request, while the breaker judges or its
+    /// response is timed for the response stats).
     started: Option<SystemTime>,
     /// The response stats' measurement (a counted request, response stats on).
     measure: Option<Measure>,
@@ -226,7 +228,7 @@ impl CohortHttp {
         let Some(measure) = self.measure.take() else {
             return;
         };
-        let (Some(stats), Some(started)) = (&self.shared.response_stats, self.started) else {
+        let Some(stats) = &self.shared.response_stats else {
             return;
         };
         let group = match &self.state {
@@ -234,23 +236,23 @@ impl CohortHttp {
             State::Bypassed(why) => ResponseGroup::of_bypass(why),
             State::Untouched | State::Buffering(_) | State::Assigning(_) => return,
         };
+        // Times only for a timed request (its start, response headers and first byte were
+        // read from the clock then).
+        let started = self.started.filter(|_| measure.timed);
         let ms = |at: SystemTime| {
-            at.duration_since(started)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            started.map(|started| {
+                at.duration_since(started)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            })
         };
         let measured = Measured {
             status: measure.status,
-            headers_ms: measure.headers_at.map(ms),
-            ttfb_ms: measure.first_byte_at.map(ms),
-            total_ms: ms(self.get_current_time()),
+            headers_ms: measure.headers_at.and_then(ms),
+            ttfb_ms: measure.first_byte_at.and_then(ms),
+            total_ms: started.and_then(|_| ms(self.get_current_time())),
             usage: usage::scan(measure.tail.bytes()),
         };
-        let key = SeriesKey {
-            group,
-            route: measure.route,
-            unit: measure.unit.filter(|_| group.compared()),
-        };
-        stats.record(key, &measured);
+        stats.record(group, measure.route, measure.unit, &measured);
     }
 
     /// The Envoy route this request matched (`xds.route_name`), if the host says.
@@ -573,13 +575,15 @@ impl HttpContext for CohortHttp {
             } else {
                 None
             };
-        if response_stats.is_some() || config.breaker_judges() {
+        let timed = response_stats.is_some() && shared.response_sampler.take();
+        if timed || config.breaker_judges() {
             self.started = Some(self.get_current_time());
         }
         if let Some(response_stats) = response_stats {
             self.measure = Some(Measure {
                 route: response_stats.route(route.as_deref()),
                 unit: None,
+                timed,
                 status: 0,
                 headers_at: None,
                 first_byte_at: None,
@@ -662,16 +666,18 @@ impl HttpContext for CohortHttp {
         let Ok(config) = &shared.config else {
             return Action::Continue;
         };
-        if self.started.is_some() {
+        if self.started.is_some() || self.measure.is_some() {
             let status = self
                 .get_http_response_header_bytes(":status")
                 .and_then(|b| std::str::from_utf8(&b).ok()?.parse::<u16>().ok())
                 .unwrap_or(0);
-            let now = self.get_current_time();
-            self.record_outcome(config, status, now);
+            let now = self.started.map(|_| self.get_current_time());
+            if let Some(now) = now {
+                self.record_outcome(config, status, now);
+            }
             if let Some(measure) = &mut self.measure {
                 measure.status = status;
-                measure.headers_at = Some(now);
+                measure.headers_at = now;
             }
         }
         let detail = match &self.state {
@@ -726,7 +732,7 @@ impl HttpContext for CohortHttp {
             let first_byte_at = self
                 .measure
                 .as_ref()
-                .is_some_and(|m| m.first_byte_at.is_none())
+                .is_some_and(|m| m.timed && m.first_byte_at.is_none())
                 .then(|| self.get_current_time());
             let (start, len) = TailWindow::wanted(body_size);
             let tail = self.get_http_response_body(start, len);

@@ -147,9 +147,7 @@ pub enum Metric {
     TotalMs,
     /// Responses, by status class (the tag `cohort_status`).
     Responses(StatusClass),
-    /// Responses whose body reported usage.
-    Usage,
-    /// Prompt tokens they reported.
+    /// Prompt tokens responses reported.
     PromptTokens,
     /// Of which cached.
     CachedTokens,
@@ -162,7 +160,6 @@ impl Metric {
             Metric::HeadersMs => "cohort_response_headers_ms",
             Metric::TotalMs => "cohort_response_total_ms",
             Metric::Responses(_) => "cohort_responses_total",
-            Metric::Usage => "cohort_response_usage_total",
             Metric::PromptTokens => "cohort_response_prompt_tokens_total",
             Metric::CachedTokens => "cohort_response_cached_tokens_total",
         }

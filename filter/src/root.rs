@@ -11,6 +11,10 @@
 //! which is why the queue is shared and the sending is here. A stream is opened only once
 //! there is something to send, so the main thread's VM, which sees no requests, opens none.
 //!
+//! The per-group response stats (`crate::response_stats`): HTTP contexts count each
+//! response's status and tokens in the VM; every tick the root context adds them to Envoy's
+//! counters (a tick is set for that alone when neither observations nor the breaker need one).
+//!
 //! The breaker ([`crate::breaker`]): HTTP contexts record their outcomes in
 //! [`Shared::breaker`]; every [`BREAKER_SYNC`] the root context folds them into the state
 //! all workers share (proxy-wasm shared data, compare-and-swap) and reads the state back.
@@ -53,6 +57,7 @@ impl Default for CohortRoot {
                 stats: None,
                 response_stats: None,
                 histogram_sampler: Sampler::new(1),
+                response_sampler: Sampler::new(1),
                 outbox: RefCell::new(Outbox::new(0)),
                 breaker: RefCell::new(BreakerLocal::default()),
                 learned_key: String::new(),
@@ -214,6 +219,9 @@ impl RootContext for CohortRoot {
         if config.breaker_judges() {
             self.sync_breaker(config, self.now_ms());
         }
+        if let Some(response_stats) = &self.shared.response_stats {
+            response_stats.flush();
+        }
     }
 
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
@@ -244,6 +252,8 @@ impl RootContext for CohortRoot {
             Some(OBSERVE_TICK)
         } else if breaker_on {
             Some(BREAKER_TICK)
+        } else if config.is_ok() && stats.is_some() {
+            Some(crate::response_stats::FLUSH_TICK)
         } else {
             None
         };
@@ -284,6 +294,7 @@ impl RootContext for CohortRoot {
             stats,
             response_stats,
             histogram_sampler: Sampler::new(sample_every),
+            response_sampler: Sampler::new(sample_every),
             outbox: RefCell::new(Outbox::new(shards)),
             breaker: RefCell::new(breaker),
             learned_key,

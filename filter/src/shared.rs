@@ -37,6 +37,9 @@ pub struct Shared {
     pub response_stats: Option<ResponseStats>,
     /// Which fingerprinted requests are timed for the histograms.
     pub histogram_sampler: Sampler,
+    /// Which counted requests' responses are timed for the response stats' histograms
+    /// (the same rate, its own sequence).
+    pub response_sampler: Sampler,
     /// Observations waiting for the root context to send them, per batcher shard.
     pub outbox: RefCell<Outbox>,
     pub breaker: RefCell<BreakerLocal>,

@@ -213,10 +213,11 @@ impl Upstream {
         self.behaviour.status.store(status, Ordering::SeqCst);
     }
 
-    /// Answers are these server-sent events from now on (`text/event-stream`, each event
-    /// given whole, e.g. `data: {...}\n\n`): all but the last at once, the last when the
-    /// returned gate is released (once per stream), so a test can see the first events
-    /// arrive while the upstream still holds the stream open.
+    /// Answers to `POST`s are these server-sent events from now on (`text/event-stream`,
+    /// each event given whole, e.g. `data: {...}\n\n`): all but the last at once, the last
+    /// when the returned gate is released (once per stream), so a test can see the first
+    /// events arrive while the upstream still holds the stream open. Other methods (the
+    /// batcher's health and metrics probes) are answered as before.
     pub fn set_sse(&self, events: &[&str]) -> SseGate {
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         *self.behaviour.sse.lock().unwrap() = Some(Sse {
@@ -276,7 +277,10 @@ async fn answer_after(
 ) -> Result<Response<Streamed>, Infallible> {
     let delay = how.delay_ms.load(Ordering::SeqCst);
     let status = how.status.load(Ordering::SeqCst);
-    let sse = how.sse.lock().unwrap().clone();
+    let sse = match request.method() {
+        &hyper::Method::POST => how.sse.lock().unwrap().clone(),
+        _ => None,
+    };
     let mut response = record(request, log, name.clone()).await?;
     if let Some(sse) = sse {
         response = stream_events(&name, sse);

@@ -335,6 +335,7 @@ async fn probe(
                 false => warn!(%replica, %endpoint, "{change}"),
             }
         }
+        brain.engine_probed(slot, up);
         if up {
             brain.engine_up(slot);
         } else {

@@ -26,6 +26,8 @@ pub trait EngineEvents: Send + Sync {
     fn engine_down(&self, _replica: usize) {}
     /// The replica answers its health probe again (or for the first time).
     fn engine_up(&self, _replica: usize) {}
+    /// The replica was probed, answering (`up`) or not: every probe, changed or not.
+    fn engine_probed(&self, _replica: usize, _up: bool) {}
     /// The replica reported how many slots it runs (llama.cpp `/props`).
     fn engine_slots(&self, _replica: usize, _slots: usize) {}
     /// The replica published its metrics (queue, KV usage, token counters).
@@ -81,6 +83,7 @@ async fn probe(fleet: &Fleet, listeners: &[Arc<dyn EngineEvents>], index: usize)
         }
     }
     for events in listeners {
+        events.engine_probed(index, up);
         // Every probe, not only changes: a listener that joined late still learns.
         if up {
             events.engine_up(index);

@@ -4,8 +4,9 @@
 //! - `GET /ui/pkg/{file}`: the wasm-bindgen build of the fingerprint core, read from the
 //!   `ui_assets` directory (`scripts/build-wasm` writes `target/ui/pkg/`, `scripts/setup`
 //!   installs it as `.cohort/ui/pkg/`); only its two file names are served;
-//! - `GET /ui/api/state`: live cohorts, batch pivot, store statistics, and the batch
-//!   front's latency heatmap when the front runs;
+//! - `GET /ui/api/state`: live cohorts, batch pivot, store statistics, the replicas
+//!   (health, probe, in flight, Assign share, time to first byte, blocks held), and the
+//!   batch front's latency heatmap when the front runs;
 //! - `POST /ui/api/nearest` `{"tenant": "...", "sketch_i8": [32 ints]}`: the nearest live
 //!   cohorts of that tenant.
 //!
@@ -78,6 +79,7 @@ async fn state(State(state): State<InspectState>) -> Json<serde_json::Value> {
     Json(json!({
         "batcher": state.brain.inspector_state(now),
         "front": state.front.as_ref().map(|f| f.inspector_state()),
+        "replicas": state.brain.replicas_state(now),
     }))
 }
 

@@ -12,8 +12,10 @@
 //! - `body` (any other value): what any filter that routes on the body must do, in the
 //!   fewest hostcalls — pause on the request headers, let Envoy buffer the body, read it
 //!   once complete, write one request header and clear the route cache, continue;
-//! - `body+clock:N`, `body+header:N`: `body` and N more hostcalls of one kind (reading the
-//!   clock; writing one more request header each), to price a hostcall against `body`;
+//! - `body+clock:N`, `body+header:N`, `body+route:N`, `body+counter:N`, `body+response:N`:
+//!   `body` and N more hostcalls of one kind (reading the clock; writing one more request
+//!   header each; reading the `xds.route_name` property; incrementing a counter; reading
+//!   the response body, on its every chunk), to price a hostcall against `body`;
 //! - `body+grpc:CLUSTER`: `body`, then one gRPC call to the batcher at CLUSTER (`Status`,
 //!   which answers from counters) before the request goes on: the least any filter that
 //!   asks a service per request pays for the round trip (`cohort_tools/bench/added_time.py
@@ -30,9 +32,14 @@ mod floor {
     #[derive(Default, Clone)]
     pub struct FloorRoot {
         read_body: bool,
-        /// Extra clock reads and extra header writes per request.
+        /// Extra clock reads, header writes, route name reads, counter increments per
+        /// request, and response body reads per response chunk.
         clocks: usize,
         headers: usize,
+        routes: usize,
+        counters: usize,
+        responses: usize,
+        counter: u32,
         /// The cluster of a gRPC call per request (`body+grpc:CLUSTER`).
         grpc_cluster: Option<String>,
     }
@@ -52,6 +59,16 @@ mod floor {
             };
             self.clocks = extra("body+clock:");
             self.headers = extra("body+header:");
+            self.routes = extra("body+route:");
+            self.counters = extra("body+counter:");
+            self.responses = extra("body+response:");
+            if self.counters > 0 {
+                self.counter = hostcalls::define_metric(
+                    proxy_wasm::types::MetricType::Counter,
+                    "cohort_floor_counter_total",
+                )
+                .unwrap_or(0);
+            }
             self.grpc_cluster = config.strip_prefix("body+grpc:").map(str::to_owned);
             true
         }
@@ -107,6 +124,18 @@ mod floor {
                 let name = format!("x-floor-extra-{i}");
                 self.set_http_request_header(&name, Some(&clock.to_string()));
             }
+            let mut route_bytes = 0;
+            for _ in 0..self.root.routes {
+                route_bytes += self
+                    .get_property(vec!["xds", "route_name"])
+                    .map_or(0, |name| name.len());
+            }
+            for _ in 0..self.root.counters {
+                let _ = hostcalls::increment_metric(self.root.counter, 1);
+            }
+            if route_bytes > usize::MAX / 2 {
+                self.set_http_request_header("x-floor-route-bytes", Some(&route_bytes.to_string()));
+            }
             let _ = hostcalls::call_foreign_function("clear_route_cache", Some(&[]));
             if let Some(cluster) = &self.root.grpc_cluster {
                 let timeout = std::time::Duration::from_secs(1);
@@ -121,6 +150,19 @@ mod floor {
                 if call.is_ok() {
                     return Action::Pause;
                 }
+            }
+            Action::Continue
+        }
+
+        fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+            let mut read = 0;
+            for _ in 0..self.root.responses {
+                read += self
+                    .get_http_response_body(0, body_size)
+                    .map_or(0, |body| body.len());
+            }
+            if read > usize::MAX / 2 {
+                self.set_http_response_header("x-floor-read", Some(&read.to_string()));
             }
             Action::Continue
         }

@@ -410,6 +410,39 @@ fn replicas_join_and_leave_through_dns_with_no_failed_request() {
         assert_eq!(response.status, 200, "{}", response.text());
     }
     assert_eq!(chats(), sent_before + 20, "the known replicas still serve");
+    // The inspector's Replicas panel lists the discovered replicas by their pods' names,
+    // at their endpoints, probed, with their share of the Assigns, first-byte times and
+    // the blocks they were sent (the one that left is gone from it).
+    let state =
+        cohort_tests::client::request(batcher.spec.http_port, "GET", "/ui/api/state", &[], b"");
+    let state: serde_json::Value = serde_json::from_slice(&state.unwrap().body).unwrap();
+    let rows = state["replicas"].as_array().expect("a replicas array");
+    let shown: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| {
+            let field = |k: &str| r[k].as_str().unwrap_or_default();
+            (field("name"), field("source"), field("endpoint"))
+        })
+        .collect();
+    let (endpoint0, endpoint2) = (endpoint(0), endpoint(2));
+    assert_eq!(
+        shown,
+        [
+            ("llm-engine-0", "discovered", endpoint0.as_str()),
+            ("llm-engine-2", "discovered", endpoint2.as_str()),
+        ],
+        "{state}"
+    );
+    for row in rows {
+        assert_eq!(row["probe"]["up"], true, "{row}");
+        assert!(row["share_60s"].as_f64().is_some_and(|s| s > 0.0), "{row}");
+        assert!(row["ttft_ms"]["p50"].is_u64(), "{row}");
+        assert!(
+            row["blocks_resident"].as_u64().is_some_and(|b| b > 0),
+            "{row}"
+        );
+        assert!(row["in_flight"].is_u64(), "{row}");
+    }
     let stale_lines = || {
         batcher.log()[log_before..]
             .lines()

@@ -777,6 +777,7 @@ fn stats_show_in_admin_stats_and_prometheus() {
 /// each worker and then one in eight; the counters still count every request.
 #[test]
 fn per_body_histograms_are_sampled_and_counters_are_not() {
+    // The fingerprint histograms and the response stats' latency histograms.
     let upstream = Upstream::start("u");
     let count = |envoy: &Envoy, name: &str| -> Option<u64> {
         let page = envoy.admin("/stats/prometheus");
@@ -804,11 +805,17 @@ fn per_body_histograms_are_sampled_and_counters_are_not() {
             ]
             .iter()
             .all(|name| count(&envoy, name).is_some_and(|n| (low..=high).contains(&n)))
+                // The response stats' times at the same rate; their counters count all.
+                && ["cohort_response_ttfb_ms_count", "cohort_response_total_ms_count"]
+                    .iter()
+                    .all(|name| (low..=high).contains(&(envoy.series_sum(name, &[]) as u64)))
+                && envoy.series_sum("cohort_responses_total", &[]) == 20.0
         });
         assert!(
             settled,
-            "{config}: fingerprint_us count {:?}, expected {low}..={high}",
-            count(&envoy, "cohort_fingerprint_us")
+            "{config}: fingerprint_us count {:?}, response ttfb count {}, expected {low}..={high}",
+            count(&envoy, "cohort_fingerprint_us"),
+            envoy.series_sum("cohort_response_ttfb_ms_count", &[])
         );
     }
 }

@@ -19,6 +19,34 @@
 /// How long a replica that answered 5xx is left out of decisions, ms.
 pub const ERROR_HOLD_MS: u64 = 5_000;
 
+/// Why a replica is or is not chosen, as the inspector shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaHealth {
+    /// Decisions may choose it.
+    Up,
+    /// Its last probe failed.
+    ProbeDown,
+    /// It joined and no probe has answered yet.
+    AwaitingProbe,
+    /// It answered a request with a 5xx: held out until `until_ms`.
+    ServerErrors { until_ms: u64 },
+    /// No replica of the current set holds the slot.
+    Absent,
+}
+
+impl ReplicaHealth {
+    /// A short name (the inspector's health column).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaHealth::Up => "up",
+            ReplicaHealth::ProbeDown => "probe failing",
+            ReplicaHealth::AwaitingProbe => "awaiting first probe",
+            ReplicaHealth::ServerErrors { .. } => "held out after 5xx",
+            ReplicaHealth::Absent => "absent",
+        }
+    }
+}
+
 /// Per replica: what says it should not be chosen.
 #[derive(Debug, Clone, Default)]
 pub struct Health {
@@ -94,6 +122,24 @@ impl Health {
             && now_ms >= self.error_until_ms[replica]
     }
 
+    /// Why `replica` is or is not available at `now_ms` (`Up` exactly when
+    /// [`Health::available`]).
+    pub fn state(&self, replica: usize, now_ms: u64) -> ReplicaHealth {
+        if !self.present(replica) {
+            ReplicaHealth::Absent
+        } else if self.probe_down[replica] && !self.proven[replica] {
+            ReplicaHealth::AwaitingProbe
+        } else if self.probe_down[replica] {
+            ReplicaHealth::ProbeDown
+        } else if now_ms < self.error_until_ms[replica] {
+            ReplicaHealth::ServerErrors {
+                until_ms: self.error_until_ms[replica],
+            }
+        } else {
+            ReplicaHealth::Up
+        }
+    }
+
     /// Whether any replica is available at `now_ms`.
     pub fn any_available(&self, now_ms: u64) -> bool {
         (0..self.probe_down.len()).any(|r| self.available(r, now_ms))
@@ -141,6 +187,39 @@ mod tests {
         assert!(h.available(0, 0));
         h.probe(7, false);
         assert!(!h.available(7, 0));
+        assert_eq!(h.state(7, 0), ReplicaHealth::Absent);
+    }
+
+    #[test]
+    fn the_state_names_why_a_replica_is_out_and_is_up_exactly_when_available() {
+        let mut h = Health::new(1);
+        h.join(1);
+        let states = |h: &Health, now_ms| [h.state(0, now_ms), h.state(1, now_ms)];
+        assert_eq!(
+            states(&h, 0),
+            [ReplicaHealth::Up, ReplicaHealth::AwaitingProbe]
+        );
+        h.probe(1, true);
+        h.probe(0, false);
+        assert_eq!(states(&h, 0), [ReplicaHealth::ProbeDown, ReplicaHealth::Up]);
+        h.ended(1, 0, 502, 100);
+        assert_eq!(
+            h.state(1, 100),
+            ReplicaHealth::ServerErrors {
+                until_ms: 100 + ERROR_HOLD_MS
+            }
+        );
+        assert_eq!(h.state(1, 100 + ERROR_HOLD_MS), ReplicaHealth::Up);
+        h.leave(1);
+        assert_eq!(h.state(1, 0), ReplicaHealth::Absent);
+        for now_ms in [0, 100, 100 + ERROR_HOLD_MS] {
+            for r in 0..3 {
+                assert_eq!(
+                    h.state(r, now_ms) == ReplicaHealth::Up,
+                    h.available(r, now_ms)
+                );
+            }
+        }
     }
 
     #[test]

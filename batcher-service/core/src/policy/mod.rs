@@ -97,6 +97,7 @@ mod snapshot;
 
 pub use self::choice::{Choice, ChoiceReason, RouteRequest};
 pub use self::config::PolicyConfig;
+pub use self::health::ReplicaHealth;
 pub use self::snapshot::{PolicySnapshot, ReplicaSnapshot};
 pub use cohort_fingerprint::shard::{shard_key, SHARD_KEY_DEPTH};
 
@@ -514,6 +515,14 @@ impl Policy {
         if let Some(state) = self.states.get_mut(replica) {
             state.record(blocks, now_ms, now_ms.saturating_add(resident_ms));
         }
+    }
+
+    /// Blocks `replica`'s prefix state counts as held at `now_ms` (recorded within their
+    /// TTL, not evicted); 0 for an unknown replica. Walks the replica's whole state.
+    pub fn resident_blocks(&self, replica: usize, now_ms: u64) -> usize {
+        self.states
+            .get(replica)
+            .map_or(0, |state| state.resident(now_ms))
     }
 
     /// Assigned requests not ended on each replica (from the filters' progress reports).

@@ -123,6 +123,16 @@ impl PrefixState {
         self.blocks.len()
     }
 
+    /// Blocks that count as held at `now_ms` (their TTL has not run out): the blocks the
+    /// replica is believed to hold now. Walks every block, so it costs what the state
+    /// holds (for the inspector, not for decisions).
+    pub fn resident(&self, now_ms: u64) -> usize {
+        self.blocks
+            .iter()
+            .filter(|(_, held)| now_ms < held.expires_ms)
+            .count()
+    }
+
     /// Whether no block is held.
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
@@ -178,8 +188,11 @@ mod tests {
         assert_eq!(s.matched(&[1, 2, 3], 400_000), 0);
         assert!(!s.contains(1, 400_000));
         assert_eq!(s.len(), 3);
+        assert_eq!(s.resident(399_999), 3);
+        assert_eq!(s.resident(400_000), 0);
         // Sent again: held again, its count of uses starts over.
         s.record(&[1], 500_000, 800_000);
         assert_eq!(s.matched_uses(&[1, 2], 500_000), (1, 1));
+        assert_eq!(s.resident(500_000), 1);
     }
 }

@@ -1,6 +1,7 @@
 //! The policy as metrics and the inspector see it: per replica, load, cache state,
 //! assignments, in-flight work and availability; decision counts by reason.
 
+use super::health::ReplicaHealth;
 use super::{ChoiceReason, Policy};
 
 /// One replica in a [`PolicySnapshot`].
@@ -20,6 +21,8 @@ pub struct ReplicaSnapshot {
     pub pending_work: f64,
     /// Whether decisions may choose it (health: probe up, no recent 5xx).
     pub available: bool,
+    /// Why it is or is not available.
+    pub health: ReplicaHealth,
     /// Whether the slot holds a replica of the current set (engine discovery).
     pub present: bool,
 }
@@ -53,6 +56,7 @@ impl Policy {
                     in_flight: in_flight.replica(r).in_flight,
                     pending_work: in_flight.replica(r).pending_work,
                     available: self.health.available(r, now_ms),
+                    health: self.health.state(r, now_ms),
                     present: self.health.present(r),
                 })
                 .collect(),

@@ -4,8 +4,10 @@
 //! - **Progress reports** from the filter (first byte, end, under the decision's ticket)
 //!   keep the policy's in-flight book exact ([`cohort_batcher_core::policy::in_flight`]);
 //!   an end with a 5xx holds the replica out of decisions for a while
-//!   ([`cohort_batcher_core::policy::health`]);
-//! - **Probes**: a replica whose probe fails is not chosen until it answers again;
+//!   ([`cohort_batcher_core::policy::health`]); each first byte's time also joins its
+//!   replica's recent times to first byte, for the inspector ([`super::replica_stats`]);
+//! - **Probes**: a replica whose probe fails is not chosen until it answers again; each
+//!   probe's time and result are kept for the inspector;
 //! - **Engine queues**: each probe's scrape of the engine's metrics (requests waiting)
 //!   raises the pending prefill of that replica when the engine is further behind than
 //!   this batcher's own book shows (other shards' work).
@@ -59,6 +61,9 @@ impl Brain {
             c.unknown.fetch_add(1, Ordering::Relaxed);
             return;
         };
+        if progress.phase() == Phase::FirstByte {
+            lock(&self.replica_stats).first_byte(reported.replica, progress.elapsed_ms, now_ms);
+        }
         if reported.status.is_some_and(|status| status >= 500) {
             c.server_errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -67,6 +72,10 @@ impl Brain {
 
 /// The engine probes' news, for the replica choice.
 impl EngineEvents for Brain {
+    fn engine_probed(&self, replica: usize, up: bool) {
+        lock(&self.replica_stats).probed(replica, up, self.clock.now_ms());
+    }
+
     fn engine_down(&self, replica: usize) {
         lock(&self.policy).probe(replica, false);
     }

@@ -25,6 +25,7 @@ pub(crate) use lookup::space;
 pub use members::Member;
 mod metrics;
 pub(crate) mod pick;
+mod replica_stats;
 mod report;
 #[cfg(test)]
 mod store_parity;
@@ -144,6 +145,9 @@ pub struct Brain {
     /// is the tenant the mesh established: the calling workload's identity.
     pivot: Mutex<std::collections::HashMap<(u32, String), u64>>,
     progress_counters: live::ProgressCounters,
+    /// Per slot, what the inspector's Replicas panel shows beside the policy's own state:
+    /// recent Assigns, times to first byte, the last probe.
+    replica_stats: Mutex<replica_stats::ReplicaStats>,
     /// The time of reports that come without one (engine probes).
     clock: Clock,
     /// Per-request cost records (`GET /v1/audit/{request_id}`), shared with the front.
@@ -298,6 +302,7 @@ impl Brain {
             assign_seconds: decision_seconds(),
             pivot: Mutex::new(std::collections::HashMap::new()),
             progress_counters: live::ProgressCounters::default(),
+            replica_stats: Mutex::new(replica_stats::ReplicaStats::default()),
             clock,
             audit: Arc::new(AuditLog::new(config.audit_max_records)),
             gpu_utilization: stores.gpu_utilization,
@@ -354,6 +359,7 @@ impl Brain {
     pub fn set_replicas(&self, found: &[Member]) -> Vec<(usize, Member)> {
         let mut policy = lock(&self.policy);
         let mut members = write(&self.members);
+        let mut stats = lock(&self.replica_stats);
         let plan = members.plan(found);
         for slot in plan.leave {
             if let Some(gone) = members.get(slot) {
@@ -361,11 +367,13 @@ impl Brain {
             }
             policy.leave(slot);
             members.vacate(slot);
+            stats.reset(slot);
         }
         for member in plan.join {
             let slot = policy.join();
             tracing::info!(replica = %member.name, endpoint = %member.endpoint, slot, "engine replica joined; used once a probe answers");
             members.place(slot, member);
+            stats.reset(slot);
         }
         members.held().map(|(i, m)| (i, m.clone())).collect()
     }
@@ -467,6 +475,7 @@ impl Brain {
         };
         let member = member.ok_or(BrainError::NoReplicas)?;
         self.counters.assigns.fetch_add(1, Ordering::Relaxed);
+        lock(&self.replica_stats).assigned(choice.replica, now_ms);
         self.assign_seconds.observe(started.elapsed().as_secs_f64());
         let reply = pb::AssignReply {
             shard: member.name,
@@ -1090,6 +1099,173 @@ mod tests {
             0,
             "a progress report is not an observation"
         );
+    }
+
+    #[test]
+    fn the_replicas_panel_follows_assigns_first_bytes_ends_and_probes() {
+        use crate::fleet::EngineEvents;
+        let brain = brain(3, 1);
+        let rows = |now_ms| match brain.replicas_state(now_ms) {
+            serde_json::Value::Array(rows) => rows,
+            other => panic!("not an array: {other}"),
+        };
+        let row = |now_ms, name: &str| {
+            rows(now_ms)
+                .into_iter()
+                .find(|r| r["name"] == name)
+                .unwrap_or_else(|| panic!("no row {name}"))
+        };
+        let names: Vec<_> = rows(0).iter().map(|r| r["name"].clone()).collect();
+        assert_eq!(names, ["r0", "r1", "r2"]);
+        let idle = row(0, "r1");
+        assert_eq!(idle["source"], "static");
+        assert_eq!(idle["endpoint"], serde_json::Value::Null);
+        assert_eq!(idle["health"], "up");
+        assert_eq!(idle["probe"], serde_json::Value::Null);
+        assert_eq!(idle["in_flight"], 0);
+        assert_eq!(idle["share_60s"], serde_json::Value::Null);
+        assert_eq!(idle["ttft_ms"], serde_json::Value::Null);
+        assert_eq!(idle["blocks_resident"], 0);
+        assert_eq!(idle["kv_events"], serde_json::Value::Null);
+
+        let send = |blocks: Vec<u64>, now_ms| {
+            let request = pb::AssignRequest {
+                request: Some(pb::RequestInfo {
+                    fingerprint: Some(fingerprint(blocks, sketch(0))),
+                    ..Default::default()
+                }),
+                reports_progress: true,
+                ..Default::default()
+            };
+            brain.assign(&request, now_ms).unwrap()
+        };
+        let report =
+            |reply: &pb::AssignReply, phase: pb::request_progress::Phase, status, ms, now_ms| {
+                let batch = pb::ObservationBatch {
+                    observations: vec![pb::Observation {
+                        shard: reply.shard.clone(),
+                        progress: Some(pb::RequestProgress {
+                            ticket: reply.ticket,
+                            phase: phase as i32,
+                            status,
+                            elapsed_ms: ms,
+                        }),
+                        ..Default::default()
+                    }],
+                    dropped: 0,
+                };
+                brain.observe(&batch, now_ms);
+            };
+        use pb::request_progress::Phase::{End, FirstByte};
+        // One request of four blocks: its replica has it in flight, all the recent
+        // Assigns, and its blocks.
+        let first = send(vec![1, 2, 3, 4], 1_000);
+        let a = first.shard.as_str();
+        let r = row(1_000, a);
+        assert_eq!(r["in_flight"], 1);
+        assert_eq!(r["assigns_60s"], 1);
+        assert_eq!(r["share_60s"], 1.0);
+        assert_eq!(r["blocks_resident"], 4);
+        assert_eq!(r["ttft_ms"], serde_json::Value::Null);
+        // Its first byte after 40 ms, then its end.
+        report(&first, FirstByte, 0, 40, 1_100);
+        let r = row(1_100, a);
+        assert_eq!(
+            (r["ttft_ms"]["p50"].clone(), r["ttft_ms"]["p95"].clone()),
+            (40.into(), 40.into())
+        );
+        assert_eq!(r["in_flight"], 1);
+        report(&first, End, 200, 90, 1_200);
+        assert_eq!(row(1_200, a)["in_flight"], 0);
+        // Three more of the same prefix go there too, one slow: the shares and the
+        // quantiles move.
+        for (i, ms) in [(5, 10), (6, 20), (7, 400)] {
+            let reply = send(vec![1, 2, 3, i], 2_000);
+            assert_eq!(reply.shard, a);
+            report(&reply, FirstByte, 0, ms, 2_100);
+        }
+        let r = row(2_100, a);
+        assert_eq!(r["assigns_60s"], 4);
+        assert_eq!(r["in_flight"], 3);
+        assert_eq!(r["blocks_resident"], 7);
+        assert_eq!(r["ttft_ms"]["p50"], 20);
+        assert_eq!(r["ttft_ms"]["p95"], 400);
+        assert_eq!(r["ttft_ms"]["samples"], 4);
+        // A request elsewhere: the shares split 4:1.
+        let other = send(vec![50, 51], 3_000);
+        let b = other.shard.as_str();
+        assert_ne!(b, a);
+        assert_eq!(row(3_000, a)["share_60s"], 0.8);
+        assert_eq!(row(3_000, b)["share_60s"], 0.2);
+        // A minute later no Assign is recent; the blocks count until their TTL (600 s).
+        assert_eq!(row(63_000, a)["share_60s"], serde_json::Value::Null);
+        assert_eq!(row(63_000, a)["blocks_resident"], 7);
+        assert_eq!(row(1_000 + 600_000, a)["blocks_resident"], 6);
+        assert_eq!(row(2_000 + 600_000, a)["blocks_resident"], 0);
+        // A failed probe: the row says so, and when.
+        let slot = lock(&brain.policy).replicas() - 1;
+        brain.engine_probed(slot, false);
+        brain.engine_down(slot);
+        let r = row(brain.clock.now_ms() + 2_000, "r2");
+        assert_eq!(r["health"], "probe failing");
+        assert_eq!(r["probe"]["up"], false);
+        assert!(r["probe"]["age_s"].as_f64().unwrap() >= 2.0, "{r}");
+        brain.engine_probed(slot, true);
+        brain.engine_up(slot);
+        assert_eq!(row(brain.clock.now_ms(), "r2")["probe"]["up"], true);
+        assert_eq!(row(brain.clock.now_ms(), "r2")["health"], "up");
+        // A 5xx holds its replica out.
+        report(&other, End, 503, 5, 4_000);
+        let r = row(4_000, b);
+        assert_eq!(r["health"], "held out after 5xx");
+        assert_eq!(r["available"], false);
+        assert!(r["held_out_s"].as_f64().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn discovered_replicas_show_their_endpoint_and_a_new_one_in_a_slot_starts_empty() {
+        use crate::fleet::EngineEvents;
+        let config = ServeConfig {
+            discovery: crate::config::DiscoverySection {
+                dns: Some("llm-engine.test".into()),
+                ..Default::default()
+            },
+            ..ServeConfig::default()
+        };
+        let brain = Brain::new(&config, Clock::start());
+        let member = |name: &str, endpoint: &str| Member {
+            name: name.into(),
+            endpoint: endpoint.into(),
+        };
+        assert_eq!(brain.replicas_state(0), serde_json::json!([]));
+        let set = brain.set_replicas(&[member("e0", "10.0.0.1:8000")]);
+        let rows = brain.replicas_state(0);
+        assert_eq!(rows[0]["name"], "e0");
+        assert_eq!(rows[0]["source"], "discovered");
+        assert_eq!(rows[0]["endpoint"], "10.0.0.1:8000");
+        assert_eq!(rows[0]["health"], "awaiting first probe");
+        brain.engine_probed(set[0].0, true);
+        brain.engine_up(set[0].0);
+        let request = pb::AssignRequest {
+            request: Some(pb::RequestInfo {
+                fingerprint: Some(fingerprint(vec![1, 2], sketch(0))),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        brain.assign(&request, 1_000).unwrap();
+        let rows = brain.replicas_state(1_000);
+        assert_eq!(rows[0]["health"], "up");
+        assert_eq!(rows[0]["probe"]["up"], true);
+        assert_eq!(rows[0]["share_60s"], 1.0);
+        // e0 goes, e1 takes its slot: nothing of e0's shows under e1.
+        brain.set_replicas(&[member("e1", "10.0.0.2:8000")]);
+        let rows = brain.replicas_state(1_000);
+        assert_eq!(rows.as_array().unwrap().len(), 1);
+        assert_eq!(rows[0]["name"], "e1");
+        assert_eq!(rows[0]["assigns_60s"], 0);
+        assert_eq!(rows[0]["probe"], serde_json::Value::Null);
+        assert_eq!(rows[0]["blocks_resident"], 0);
     }
 
     #[test]

@@ -1,8 +1,9 @@
-//! What the brain shows operators: the inspector page's state and nearest cohorts, and
-//! the `Status` RPC. Nothing here shows prompt text: cohorts are ids, sources are the
-//! tenant names the mesh set.
+//! What the brain shows operators: the inspector page's state, its Replicas panel and
+//! nearest cohorts, and the `Status` RPC. Nothing here shows prompt text: cohorts are ids,
+//! sources are the tenant names the mesh set, replicas are their names.
 
 use super::{lock, read, secs, space, Brain, PIVOT_CAP};
+use cohort_batcher_core::policy::ReplicaHealth;
 use cohort_batcher_core::store::SketchBytes;
 use cohort_batcher_core::store::Store;
 use cohort_proto as pb;
@@ -54,6 +55,62 @@ impl Brain {
         })
     }
 
+    /// The inspector's Replicas panel: one row per replica of the current set (configured
+    /// or discovered), in slot order, with its health and last probe, its requests in
+    /// flight (Assign tickets not ended), its share of the Assigns of the last minute, its
+    /// time to first byte (p50/p95 of the filter's recent reports), and the prefix blocks
+    /// the policy counts as held on it now. `kv_events` is `null`: no engine's KV cache
+    /// events are consumed.
+    pub fn replicas_state(&self, now_ms: u64) -> serde_json::Value {
+        let (snapshot, capacity) = {
+            let policy = lock(&self.policy);
+            (policy.snapshot(now_ms), policy.config().blocks_per_replica)
+        };
+        let held: Vec<_> = read(&self.members)
+            .held()
+            .filter_map(|(slot, m)| Some((slot, m.clone(), snapshot.replicas.get(slot)?.clone())))
+            .collect();
+        let figures: Vec<_> = {
+            let stats = lock(&self.replica_stats);
+            held.iter()
+                .map(|(slot, ..)| stats.figures(*slot, now_ms))
+                .collect()
+        };
+        let recent: u64 = figures.iter().map(|f| f.assigns).sum();
+        let rows = held.iter().zip(&figures).map(|((slot, member, replica), f)| {
+            // One replica's walk per lock hold: Assigns wait for at most one.
+            let resident = lock(&self.policy).resident_blocks(*slot, now_ms);
+            serde_json::json!({
+                "name": member.name,
+                "endpoint": Some(member.endpoint.as_str()).filter(|e| !e.is_empty()),
+                "source": if member.endpoint.is_empty() { "static" } else { "discovered" },
+                "health": replica.health.as_str(),
+                "available": replica.available,
+                "held_out_s": match replica.health {
+                    ReplicaHealth::ServerErrors { until_ms } => Some(tenths(until_ms.saturating_sub(now_ms))),
+                    _ => None,
+                },
+                "probe": f.probe.map(|p| serde_json::json!({
+                    "age_s": tenths(now_ms.saturating_sub(p.at_ms)),
+                    "up": p.up,
+                })),
+                "in_flight": replica.in_flight,
+                "assigns_60s": f.assigns,
+                "share_60s": (recent > 0).then(|| f.assigns as f64 / recent as f64),
+                "assigned_total": replica.assigned,
+                "ttft_ms": f.ttft.map(|q| serde_json::json!({
+                    "p50": q.p50_ms,
+                    "p95": q.p95_ms,
+                    "samples": q.samples,
+                })),
+                "blocks_resident": resident,
+                "blocks_capacity": capacity,
+                "kv_events": serde_json::Value::Null,
+            })
+        });
+        serde_json::Value::Array(rows.collect())
+    }
+
     /// The live cohorts of `tenant` nearest to `sketch`: (cluster id, cosine).
     pub fn nearest_cohorts(
         &self,
@@ -90,4 +147,9 @@ impl Brain {
             dropped_reported: self.counters.dropped_reported.load(Ordering::Relaxed),
         }
     }
+}
+
+/// `ms` in seconds, to a tenth.
+fn tenths(ms: u64) -> f64 {
+    (ms / 100) as f64 / 10.0
 }
