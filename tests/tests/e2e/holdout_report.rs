@@ -77,6 +77,9 @@ fn plugin(share: f64) -> Json {
     json!({
         "mode": "affinity",
         "rollout": {"share": share, "key_header": "x-user-id"},
+        // Every response in the TTFB histograms (the default samples one in 8): the test's
+        // groups are a few hundred responses.
+        "histogram_sample_every": 1,
         // The breaker would (rightly) open on the injected slowdown and hold every request
         // out; the test measures the slowdown instead.
         "breaker": {"enabled": false},

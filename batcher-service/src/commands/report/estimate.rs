@@ -17,8 +17,9 @@
 //!
 //! **Too small.** A group with fewer than [`Threshold::min_responses`] responses, or fewer
 //! than [`Threshold::min_units`] units holding at least [`Threshold::min_unit_responses`]
-//! responses each, gets no verdict (docs/DECISIONS.md, "`cohort report`'s confidence
-//! intervals").
+//! responses each, gets no verdict (docs/DECISIONS.md, "`cohort report`'s intervals"). The
+//! TTFT quantiles rest on the responses the TTFB histogram sampled (the filter records one in
+//! `histogram_sample_every`), so their rows apply the same threshold to the samples.
 
 use std::collections::BTreeMap;
 
@@ -91,20 +92,24 @@ pub struct Counts {
     pub responses: f64,
     /// Of which 5xx.
     pub responses_5xx: f64,
-    /// TTFB histogram (`cohort_response_ttfb_ms_bucket`), cumulative, in any order.
+    /// TTFB histogram (`cohort_response_ttfb_ms_bucket`), cumulative, in any order: the
+    /// responses the filter sampled.
     pub ttfb: Vec<Bucket>,
-    /// Responses whose body reported usage.
-    pub usage_responses: f64,
+    /// Prompt tokens the responses reported, and of which cached.
     pub prompt_tokens: f64,
     pub cached_tokens: f64,
 }
 
 impl Counts {
+    /// Responses the TTFB histogram holds (its `+Inf` bucket, or its largest count).
+    pub fn ttft_samples(&self) -> f64 {
+        self.ttfb.iter().map(|b| b.count).fold(0.0, f64::max)
+    }
+
     /// Adds `other`'s counts (histograms bucket by bucket).
     pub fn add(&mut self, other: &Counts) {
         self.responses += other.responses;
         self.responses_5xx += other.responses_5xx;
-        self.usage_responses += other.usage_responses;
         self.prompt_tokens += other.prompt_tokens;
         self.cached_tokens += other.cached_tokens;
         for bucket in &other.ttfb {
@@ -142,9 +147,9 @@ impl Group {
         self.units.is_empty()
     }
 
-    /// Units with at least `min` responses.
-    pub fn units_with(&self, min: f64) -> usize {
-        self.units.values().filter(|c| c.responses >= min).count()
+    /// Each unit's size for `measure` ([`Measure::size`]).
+    pub fn sizes(&self, measure: Measure) -> Vec<f64> {
+        self.units.values().map(|c| measure.size(c)).collect()
     }
 }
 
@@ -176,6 +181,20 @@ impl Measure {
             Measure::CachedShare => ratio(counts.cached_tokens, counts.prompt_tokens),
             Measure::ErrorRate => ratio(counts.responses_5xx, counts.responses),
         }
+    }
+
+    /// How many responses the measure rests on: the TTFB histogram's samples for the TTFT
+    /// quantiles, every response for the rates.
+    pub fn size(self, counts: &Counts) -> f64 {
+        match self {
+            Measure::TtftP50 | Measure::TtftP95 => counts.ttft_samples(),
+            Measure::CachedShare | Measure::ErrorRate => counts.responses,
+        }
+    }
+
+    /// Whether the measure rests on sampled responses (so it may be too small on its own).
+    pub fn sampled(self) -> bool {
+        matches!(self, Measure::TtftP50 | Measure::TtftP95)
     }
 
     /// Whether a higher value is better for the service (only the cached share).
@@ -307,21 +326,55 @@ impl Default for Threshold {
 /// Why a group is too small to conclude from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TooSmall {
+    /// Responses (for a TTFT row: sampled responses) in the group.
     pub responses: f64,
     /// Units with at least the threshold's responses.
     pub units: usize,
 }
 
+/// Which group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Cohort,
+    Holdout,
+}
+
 impl Threshold {
-    /// `Err` with the group's size when it is below the threshold.
-    pub fn check(&self, group: &Group) -> Result<(), TooSmall> {
-        let responses = group.pooled().responses;
-        let units = group.units_with(self.min_unit_responses);
+    /// `Err` with the size when units of these `sizes` are below the threshold.
+    pub fn check_sizes(&self, sizes: &[f64]) -> Result<(), TooSmall> {
+        let responses = sizes.iter().sum();
+        let units = self.units_with(sizes);
         if responses < self.min_responses || units < self.min_units {
             Err(TooSmall { responses, units })
         } else {
             Ok(())
         }
+    }
+
+    /// `Err` with the group's size when its responses are below the threshold.
+    pub fn check(&self, group: &Group) -> Result<(), TooSmall> {
+        self.check_sizes(&group.sizes(Measure::ErrorRate))
+    }
+
+    /// Units of these `sizes` with at least `min_unit_responses`.
+    pub fn units_with(&self, sizes: &[f64]) -> usize {
+        sizes
+            .iter()
+            .filter(|&&n| n >= self.min_unit_responses)
+            .count()
+    }
+
+    /// The first group (the hold-out first) below the threshold for `measure`.
+    pub fn check_measure(
+        &self,
+        measure: Measure,
+        cohort: &Group,
+        holdout: &Group,
+    ) -> Result<(), (Side, TooSmall)> {
+        self.check_sizes(&holdout.sizes(measure))
+            .map_err(|small| (Side::Holdout, small))?;
+        self.check_sizes(&cohort.sizes(measure))
+            .map_err(|small| (Side::Cohort, small))
     }
 }
 
@@ -331,7 +384,8 @@ pub enum Verdict {
     Better,
     Worse,
     NoDetectableDifference,
-    /// A group is below the threshold (the comparison's [`Outcome`] says which).
+    /// A group is below the threshold (the comparison's [`Outcome`], or for a TTFT row its
+    /// `too_small`, says which).
     TooSmall,
     /// One group has no data for the measure (no usage reported, no histogram), or too
     /// few units with data for a variance.
@@ -361,6 +415,9 @@ pub struct Row {
     /// The point difference even where no interval is given.
     pub point_difference: Option<f64>,
     pub verdict: Verdict,
+    /// Set when the groups are large enough but this measure's samples are not (a TTFT
+    /// row: the histogram samples one response in `histogram_sample_every`).
+    pub too_small: Option<(Side, TooSmall)>,
 }
 
 /// What the comparison could conclude overall.
@@ -389,6 +446,9 @@ pub struct Comparison {
     /// Units with at least the threshold's responses per unit, in each group.
     pub cohort_units: usize,
     pub holdout_units: usize,
+    /// The same for the TTFB histogram's sampled responses.
+    pub cohort_sampled_units: usize,
+    pub holdout_sampled_units: usize,
     pub rows: Vec<Row>,
 }
 
@@ -409,7 +469,14 @@ pub fn compare(cohort: &Group, holdout: &Group, threshold: &Threshold) -> Compar
         .map(|&measure| {
             let (c, h) = (estimate(measure, cohort), estimate(measure, holdout));
             let point_difference = c.zip(h).map(|(c, h)| c.value - h.value);
+            let too_small = match outcome {
+                Outcome::Compared if measure.sampled() => {
+                    threshold.check_measure(measure, cohort, holdout).err()
+                }
+                _ => None,
+            };
             let (difference, verdict) = match outcome {
+                Outcome::Compared if too_small.is_some() => (None, Verdict::TooSmall),
                 Outcome::Compared => match c.zip(h).and_then(|(c, h)| welch(&c, &h, CONFIDENCE)) {
                     Some(d) => (Some(d), verdict(measure, &d)),
                     None => (None, Verdict::NoData),
@@ -426,6 +493,7 @@ pub fn compare(cohort: &Group, holdout: &Group, threshold: &Threshold) -> Compar
                 difference,
                 point_difference,
                 verdict,
+                too_small,
             }
         })
         .collect();
@@ -433,8 +501,10 @@ pub fn compare(cohort: &Group, holdout: &Group, threshold: &Threshold) -> Compar
         outcome,
         cohort: cohort.pooled(),
         holdout: holdout.pooled(),
-        cohort_units: cohort.units_with(threshold.min_unit_responses),
-        holdout_units: holdout.units_with(threshold.min_unit_responses),
+        cohort_units: threshold.units_with(&cohort.sizes(Measure::ErrorRate)),
+        holdout_units: threshold.units_with(&holdout.sizes(Measure::ErrorRate)),
+        cohort_sampled_units: threshold.units_with(&cohort.sizes(Measure::TtftP50)),
+        holdout_sampled_units: threshold.units_with(&holdout.sizes(Measure::TtftP50)),
         rows,
     }
 }
@@ -753,7 +823,6 @@ mod tests {
             responses: n,
             responses_5xx: errors,
             ttfb,
-            usage_responses: n,
             prompt_tokens: 100.0 * n,
             cached_tokens: 40.0 * n,
         }
@@ -951,6 +1020,50 @@ mod tests {
         assert!(c.rows.iter().all(|r| r.verdict == Verdict::NoData));
         assert_eq!(compare(&none, &none, &threshold).outcome, Outcome::NoData);
         assert_eq!(compare(&none, &big, &threshold).outcome, Outcome::NoCohort);
+    }
+
+    /// The filter samples the TTFB histogram (one response in 8 by default): groups large
+    /// enough by their responses can hold too few samples for a TTFT verdict.
+    #[test]
+    fn ttft_rows_are_too_small_when_the_histogram_sampled_too_few() {
+        let sampled = |n: f64, every: f64| {
+            let mut u = unit(n, 1.0, 40.0);
+            for b in &mut u.ttfb {
+                b.count = (b.count / every).floor();
+            }
+            u
+        };
+        // 8 units of 100 responses, 12 sampled each (96 in all): the rates are compared,
+        // TTFT is not.
+        let cohort = group(&vec![sampled(100.0, 8.0); 8]);
+        let holdout = group(&vec![sampled(100.0, 1.0); 8]);
+        let c = compare(&cohort, &holdout, &Threshold::default());
+        assert_eq!(c.outcome, Outcome::Compared);
+        assert_eq!((c.cohort_units, c.cohort_sampled_units), (8, 0));
+        assert_eq!(c.holdout_sampled_units, 8);
+        for row in &c.rows {
+            if row.measure.sampled() {
+                assert_eq!(row.verdict, Verdict::TooSmall, "{row:?}");
+                assert_eq!(
+                    row.too_small,
+                    Some((
+                        Side::Cohort,
+                        TooSmall {
+                            responses: 96.0,
+                            units: 0
+                        }
+                    ))
+                );
+                assert!(row.point_difference.is_some() && row.difference.is_none());
+            } else {
+                assert_ne!(row.verdict, Verdict::TooSmall, "{row:?}");
+                assert_eq!(row.too_small, None);
+            }
+        }
+        // Every response sampled: TTFT compared too.
+        let all = group(&vec![sampled(100.0, 1.0); 8]);
+        let c = compare(&all, &holdout, &Threshold::default());
+        assert!(c.rows.iter().all(|r| r.too_small.is_none()));
     }
 
     #[test]

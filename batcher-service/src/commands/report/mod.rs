@@ -5,7 +5,7 @@
 //! a 95% confidence interval and a verdict (docs/OPERATIONS.md, "`cohort report`").
 //!
 //! - [`estimate`]: the statistics (pure): histogram quantiles, per-unit replicates, Welch's
-//!   t, the "too small" threshold;
+//!   t, the "too small" threshold (on responses, and for TTFT on the histogram's samples);
 //! - [`prometheus`]: the PromQL and a plain-HTTP client for `/api/v1/query`;
 //! - [`render`]: the table (or JSON) with the method and the shared-replicas caveat.
 
@@ -65,7 +65,6 @@ pub fn run(args: Args) -> Result<()> {
         anyhow::Ok(Queries {
             responses: client.query(&queries.responses).await?,
             ttfb: client.query(&queries.ttfb).await?,
-            usage: client.query(&queries.usage).await?,
             prompt: client.query(&queries.prompt).await?,
             cached: client.query(&queries.cached).await?,
             bypassed: client.query(&queries.bypassed).await?,

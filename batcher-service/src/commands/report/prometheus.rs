@@ -99,7 +99,6 @@ impl Scope {
         Queries {
             responses: self.increase("cohort_responses_total", &format!("{by}, cohort_status")),
             ttfb: self.increase("cohort_response_ttfb_ms_bucket", &format!("{by}, le")),
-            usage: self.increase("cohort_response_usage_total", by),
             prompt: self.increase("cohort_response_prompt_tokens_total", by),
             cached: self.increase("cohort_response_cached_tokens_total", by),
             bypassed: format!(
@@ -116,7 +115,6 @@ impl Scope {
 pub struct Queries<T = String> {
     pub responses: T,
     pub ttfb: T,
-    pub usage: T,
     pub prompt: T,
     pub cached: T,
     pub bypassed: T,
@@ -212,7 +210,6 @@ pub fn assemble(answers: &Queries<Vec<Sample>>) -> (Group, Group) {
             c.ttfb.push(Bucket { le, count: s.value });
         }
     });
-    each(&answers.usage, &|c, s| c.usage_responses += s.value);
     each(&answers.prompt, &|c, s| c.prompt_tokens += s.value);
     each(&answers.cached, &|c, s| c.cached_tokens += s.value);
     let [cohort, holdout] = groups;
@@ -469,10 +466,6 @@ mod tests {
                     10.0,
                 ),
             ],
-            usage: vec![sample(
-                &[("cohort_group", "holdout"), ("cohort_unit", "7")],
-                4.0,
-            )],
             prompt: vec![sample(
                 &[("cohort_group", "holdout"), ("cohort_unit", "7")],
                 400.0,
@@ -505,13 +498,8 @@ mod tests {
         assert_eq!(cohort.units.len(), 1);
         let unit7 = &holdout.units["7"];
         assert_eq!(
-            (
-                unit7.responses,
-                unit7.usage_responses,
-                unit7.prompt_tokens,
-                unit7.cached_tokens
-            ),
-            (4.0, 4.0, 400.0, 100.0)
+            (unit7.responses, unit7.prompt_tokens, unit7.cached_tokens),
+            (4.0, 400.0, 100.0)
         );
         let by_reason = bypassed(&answers.bypassed);
         assert_eq!(by_reason["breaker_open"], 7.0);

@@ -1,7 +1,9 @@
 //! `cohort report`'s output: the comparison as a table with its verdicts and the method's
 //! footer, or as JSON for scripts. Pure: text in, text out.
 
-use super::estimate::{Comparison, Measure, Outcome, Row, Threshold, TooSmall, CONFIDENCE, UNITS};
+use super::estimate::{
+    Comparison, Measure, Outcome, Row, Side, Threshold, TooSmall, CONFIDENCE, UNITS,
+};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -23,7 +25,8 @@ pub fn method(threshold: &Threshold) -> String {
          its variance from the spread of the per-unit values (s²/k over the k units with data); the \
          difference's {level}% interval by Welch's t with Welch-Satterthwaite degrees of freedom. \
          \"better\" or \"worse\" when the interval excludes 0. No verdict when a group has fewer than \
-         {min} responses or fewer than {units} of the {UNITS} units with at least {per_unit} responses each.",
+         {min} responses or fewer than {units} of the {UNITS} units with at least {per_unit} responses each \
+         (for TTFT: of the responses its histogram sampled).",
         level = CONFIDENCE * 100.0,
         min = threshold.min_responses,
         units = threshold.min_units,
@@ -174,16 +177,34 @@ pub fn text(
     let (c, h) = (&comparison.cohort, &comparison.holdout);
     out.push_str(&wrap(
         &format!(
-            "Units with at least {} responses: Cohort {} of {UNITS}, hold-out {} of {UNITS}. \
-         Responses that reported usage: Cohort {:.0}, hold-out {:.0}.",
-            threshold.min_unit_responses,
+            "Units with at least {min} responses: Cohort {} of {UNITS}, hold-out {} of {UNITS}. \
+             TTFT from the responses the histograms sampled: Cohort {:.0} ({} units with {min}), \
+             hold-out {:.0} ({}).",
             comparison.cohort_units,
             comparison.holdout_units,
-            c.usage_responses,
-            h.usage_responses
+            c.ttft_samples(),
+            comparison.cohort_sampled_units,
+            h.ttft_samples(),
+            comparison.holdout_sampled_units,
+            min = threshold.min_unit_responses,
         ),
         WIDTH,
     ));
+    if let Some((side, small)) = comparison.rows.iter().find_map(|r| r.too_small) {
+        let who = match side {
+            Side::Cohort => "Cohort's group",
+            Side::Holdout => "the hold-out",
+        };
+        out.push_str(&wrap(
+            &format!(
+                "TTFT too small to conclude: {who}'s TTFB histogram sampled {:.0} responses, {} of \
+                 the {UNITS} units with at least {} (the filter records one response in \
+                 histogram_sample_every; lower it, or widen --since).",
+                small.responses, small.units, threshold.min_unit_responses
+            ),
+            WIDTH,
+        ));
+    }
     let bypassed_total: f64 = bypassed.values().sum();
     if bypassed_total > 0.0 {
         let reasons: Vec<String> = bypassed
@@ -281,14 +302,16 @@ pub fn json(
             "cohort": {
                 "responses": comparison.cohort.responses,
                 "responses_5xx": comparison.cohort.responses_5xx,
-                "usage_responses": comparison.cohort.usage_responses,
+                "ttft_samples": comparison.cohort.ttft_samples(),
                 "units_with_min_responses": comparison.cohort_units,
+                "units_with_min_ttft_samples": comparison.cohort_sampled_units,
             },
             "holdout": {
                 "responses": comparison.holdout.responses,
                 "responses_5xx": comparison.holdout.responses_5xx,
-                "usage_responses": comparison.holdout.usage_responses,
+                "ttft_samples": comparison.holdout.ttft_samples(),
                 "units_with_min_responses": comparison.holdout_units,
+                "units_with_min_ttft_samples": comparison.holdout_sampled_units,
             },
         },
         "bypassed": bypassed,
@@ -299,6 +322,11 @@ pub fn json(
             "difference": row.point_difference,
             "ci": row.difference.map(|d| json!({"low": d.low, "high": d.high, "df": d.df})),
             "verdict": row.verdict.text(),
+            "too_small": row.too_small.map(|(side, s)| json!({
+                "group": match side { Side::Cohort => "cohort", Side::Holdout => "holdout" },
+                "samples": s.responses,
+                "units": s.units,
+            })),
         })).collect::<Vec<_>>(),
         "method": method(threshold),
         "interference": INTERFERENCE,
@@ -328,7 +356,6 @@ mod tests {
                     count: n,
                 },
             ],
-            usage_responses: n,
             prompt_tokens: 100.0 * n,
             cached_tokens: 50.0 * n,
         }
@@ -411,6 +438,32 @@ mod tests {
         assert_eq!(difference(Measure::ErrorRate, 0.0123), "+1.23 pp");
         assert_eq!(bound(Measure::ErrorRate, -0.000_01), "+0.00");
         assert_eq!(bound(Measure::CachedShare, -0.2), "-20.0");
+    }
+
+    #[test]
+    fn ttft_rows_say_when_the_histogram_sampled_too_few() {
+        let threshold = Threshold::default();
+        let cohort = group(&[100.0; 8], 250.0);
+        let mut holdout = group(&[100.0; 8], 50.0);
+        for u in holdout.units.values_mut() {
+            for b in &mut u.ttfb {
+                b.count = (b.count / 8.0).floor();
+            }
+        }
+        let comparison = compare(&cohort, &holdout, &threshold);
+        let text = text(&header(), &comparison, &BTreeMap::new(), &threshold);
+        assert!(
+            text.contains("TTFT too small to conclude: the hold-out's TTFB histogram sampled 96"),
+            "{text}"
+        );
+        let p50 = text.lines().find(|l| l.starts_with("TTFT p50")).unwrap();
+        assert!(p50.ends_with("too small to conclude"), "{p50}");
+        let rate = text.lines().find(|l| l.starts_with("5xx rate")).unwrap();
+        assert!(rate.ends_with("no detectable difference"), "{rate}");
+        let json = json(&header(), &comparison, &BTreeMap::new(), &threshold);
+        assert_eq!(json["outcome"], "compared");
+        assert_eq!(json["measures"][0]["too_small"]["group"], "holdout");
+        assert_eq!(json["groups"]["holdout"]["ttft_samples"], 96.0);
     }
 
     #[test]
