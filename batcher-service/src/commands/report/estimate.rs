@@ -147,9 +147,18 @@ impl Group {
         self.units.is_empty()
     }
 
-    /// Each unit's size for `measure` ([`Measure::size`]).
+    /// The replicates: the units with a `cohort_unit` label. Series without one (a proxy
+    /// whose filter keeps no hold-out, `rollout.share` 1) count in [`Group::pooled`] only.
+    pub fn replicates(&self) -> impl Iterator<Item = &Counts> {
+        self.units
+            .iter()
+            .filter(|(unit, _)| !unit.is_empty())
+            .map(|(_, counts)| counts)
+    }
+
+    /// Each replicate's size for `measure` ([`Measure::size`]).
     pub fn sizes(&self, measure: Measure) -> Vec<f64> {
-        self.units.values().map(|c| measure.size(c)).collect()
+        self.replicates().map(|c| measure.size(c)).collect()
     }
 }
 
@@ -228,8 +237,7 @@ pub struct Estimate {
 pub fn estimate(measure: Measure, group: &Group) -> Option<Estimate> {
     let value = measure.of(&group.pooled())?;
     let per_unit: Vec<f64> = group
-        .units
-        .values()
+        .replicates()
         .filter_map(|counts| measure.of(counts))
         .collect();
     Some(Estimate {
@@ -326,7 +334,7 @@ impl Default for Threshold {
 /// Why a group is too small to conclude from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TooSmall {
-    /// Responses (for a TTFT row: sampled responses) in the group.
+    /// Responses (for a TTFT row: sampled responses) in the group's units.
     pub responses: f64,
     /// Units with at least the threshold's responses.
     pub units: usize,
@@ -1064,6 +1072,34 @@ mod tests {
         let all = group(&vec![sampled(100.0, 1.0); 8]);
         let c = compare(&all, &holdout, &Threshold::default());
         assert!(c.rows.iter().all(|r| r.too_small.is_none()));
+    }
+
+    /// A proxy without a hold-out writes no `cohort_unit`: its routed series join the
+    /// pooled value, not the replicates.
+    #[test]
+    fn series_without_a_unit_are_pooled_but_not_a_replicate() {
+        let mut units: Vec<Counts> = (0..8).map(|_| unit(100.0, 1.0, 40.0)).collect();
+        units[3].responses_5xx = 3.0;
+        let mut cohort = group(&units);
+        let holdout = group(&vec![unit(100.0, 1.0, 40.0); 8]);
+        let before = estimate(Measure::ErrorRate, &cohort).unwrap();
+        cohort.units.insert(String::new(), unit(5_000.0, 0.0, 40.0));
+        let after = estimate(Measure::ErrorRate, &cohort).unwrap();
+        assert_eq!((before.units, after.units), (8, 8));
+        assert_eq!(before.variance, after.variance);
+        assert!((after.value - 10.0 / 5_800.0).abs() < 1e-12, "{after:?}");
+        let c = compare(&cohort, &holdout, &Threshold::default());
+        assert_eq!((c.outcome, c.cohort_units), (Outcome::Compared, 8));
+        // Only unlabelled series: no replicates, too small.
+        let mut bare = Group::default();
+        bare.units.insert(String::new(), unit(5_000.0, 0.0, 40.0));
+        assert_eq!(
+            compare(&cohort, &bare, &Threshold::default()).outcome,
+            Outcome::HoldoutTooSmall(TooSmall {
+                responses: 0.0,
+                units: 0
+            })
+        );
     }
 
     #[test]
