@@ -248,7 +248,7 @@ fn request_bucket(
     )
 }
 
-/// The unit a request's response is counted in ([`crate::response_series`]): its user's
+/// The unit a request's response is counted in (`crate::response_series`): its user's
 /// rollout bucket modulo the units, while a hold-out exists (share below 1); `None`
 /// otherwise, or for a request with neither a user key nor a request id.
 pub fn stats_unit(
@@ -259,7 +259,7 @@ pub fn stats_unit(
     if config.rollout.treated_buckets() >= BUCKETS {
         return None;
     }
-    request_bucket(config, plan, headers).map(crate::response_series::unit_of_bucket)
+    request_bucket(config, plan, headers).map(rollout::unit_of_bucket)
 }
 
 /// Headers to write for a fingerprinted request, and the fingerprint itself.
@@ -614,7 +614,7 @@ mod tests {
     fn users_fall_into_units_in_both_groups_while_a_holdout_exists() {
         let config =
             FilterConfig::parse(br#"{"rollout":{"share":0.5,"key_header":"x-user-id"}}"#).unwrap();
-        let mut per_unit = [[0u32; 2]; crate::response_series::UNITS as usize];
+        let mut per_unit = [[0u32; 2]; rollout::UNITS as usize];
         for i in 0..4_000 {
             let user = format!("user-{i}");
             let sent = headers(&[("x-user-id", user.as_str())]);

@@ -3,7 +3,7 @@
 //! Every LLM API request the filter counts ends in one *group*: routed by Cohort, held out
 //! by the rollout (the control group), or bypassed for a reason. Its response is measured
 //! per group, per Envoy route and, for the two groups `cohort report` compares, per *unit*:
-//! a fixed eighth of the users (the rollout bucket modulo [`UNITS`]), so the report can use
+//! a fixed eighth of the users ([`crate::rollout::unit_of_bucket`]), so the report can use
 //! users, not requests, as its independent units.
 //!
 //! proxy-wasm stats have no labels, so the tags go into the stat name the way Istio encodes
@@ -22,9 +22,6 @@
 //! for under `none`.
 
 use crate::decision::reason;
-
-/// Users are split into this many units (by rollout bucket).
-pub const UNITS: u32 = 8;
 
 /// The route tag of routes past the cap.
 pub const OTHER_ROUTE: &str = "other";
@@ -66,11 +63,6 @@ impl Group {
     pub fn compared(self) -> bool {
         matches!(self, Group::Routed | Group::Holdout)
     }
-}
-
-/// The unit of a rollout bucket.
-pub fn unit_of_bucket(bucket: u32) -> u8 {
-    (bucket % UNITS) as u8
 }
 
 /// Upstream status classes, in the order of [`StatusClass::ALL`].
@@ -367,7 +359,7 @@ mod tests {
     }
 
     #[test]
-    fn status_classes_and_units() {
+    fn status_classes() {
         assert_eq!(StatusClass::of(200), StatusClass::Success);
         assert_eq!(StatusClass::of(503).tag(), "5xx");
         assert_eq!(StatusClass::of(0), StatusClass::None);
@@ -375,7 +367,5 @@ mod tests {
         for (i, class) in StatusClass::ALL.iter().enumerate() {
             assert_eq!(class.index(), i);
         }
-        assert_eq!(unit_of_bucket(9_999), 7);
-        assert_eq!(unit_of_bucket(8), 0);
     }
 }

@@ -82,6 +82,15 @@ impl Rollout {
     }
 }
 
+/// Users are split into this many units for the response stats (`crate::response_series`):
+/// each unit is a fixed eighth of the users, in the treated group and in the hold-out alike.
+pub const UNITS: u32 = 8;
+
+/// The unit of a rollout bucket.
+pub fn unit_of_bucket(bucket: u32) -> u8 {
+    (bucket % UNITS) as u8
+}
+
 /// `share` (clamped to 0..=1) as a number of buckets.
 pub fn share_buckets(share: f64) -> u32 {
     if share.is_nan() {
@@ -166,6 +175,13 @@ mod tests {
         assert_eq!(share_buckets(-1.0), 0);
         assert_eq!(share_buckets(f64::NAN), 0);
         assert_eq!(share_buckets(0.00005), 1);
+    }
+
+    #[test]
+    fn buckets_fall_into_units() {
+        assert_eq!(unit_of_bucket(9_999), 7);
+        assert_eq!(unit_of_bucket(8), 0);
+        assert!((0..BUCKETS).all(|b| u32::from(unit_of_bucket(b)) < UNITS));
     }
 
     #[test]
