@@ -373,7 +373,13 @@ fn the_shipped_breaker_trips_and_recovers(overlay: &str) {
     );
     assert_eq!(stat(&stack, "breaker_trips_total"), 2, "{overlay}");
     // (The hold-out's own 5xx are by chance: some 45 requests at 2%, none 40% of the time.)
-    assert!(stat(&stack, "responses_holdout_total") > 0, "{overlay}");
+    assert!(
+        stack
+            .envoy
+            .series_sum("cohort_responses_total", &[("cohort_group", "holdout")])
+            > 0.0,
+        "{overlay}"
+    );
 }
 
 /// Cohort's requests turn 4× slower than the hold-out's (a delay of 600 ms on 200 ms
