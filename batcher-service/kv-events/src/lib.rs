@@ -5,6 +5,7 @@
 //! big-endian from 0, the payload a msgpack event batch. This crate is the pure part of
 //! consuming it, without sockets or async, one module per concern:
 //!
+//! - [`frames`]: ZeroMQ frames to a sequence number and a payload, and the replay request;
 //! - [`decode`]: a payload to an [`decode::EventBatch`], every encoding vLLM has used;
 //! - [`stream`]: sequence numbers to apply / skip / replay / reset steps;
 //! - [`residency`]: the blocks a replica holds, in Cohort's own keys, and the prefix of a
@@ -16,6 +17,7 @@
 //! measured memory and speed are in docs/KV-EVENTS.md.
 
 pub mod decode;
+pub mod frames;
 pub mod health;
 pub mod replica;
 pub mod residency;
