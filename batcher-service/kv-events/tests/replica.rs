@@ -232,3 +232,116 @@ fn a_silent_stream_degrades_once_and_recovers_on_the_next_payload() {
         "degraded (silent)"
     );
 }
+
+/// splitmix64, for the simulation below.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The engine's batches for `seed`, and the residency they build applied in order.
+fn simulation(seed: u64) -> (Rng, Vec<Vec<u8>>, ReplicaEvents) {
+    let mut rng = Rng(seed);
+    // The engine's batches: stores, removals, now and then a clear.
+    let batches: Vec<Vec<u8>> = (0..60)
+        .map(|_| match rng.below(10) {
+            0 => payload(vec![cleared(Tagging::Array)]),
+            1..=3 => payload(vec![removed(Tagging::Map, &[rng.below(200)])]),
+            _ => store(rng.below(20) as u32),
+        })
+        .collect();
+    let now = Instant::now();
+    let mut reference = ReplicaEvents::new(&config(), now);
+    for (seq, batch) in batches.iter().enumerate() {
+        reference.on_live(seq as u64, batch.clone(), now);
+    }
+    (rng, batches, reference)
+}
+
+/// Delivers `batches` with live messages dropped at random (never the last, which no later
+/// message would reveal), each replay answered after a few more live messages from a
+/// buffer that keeps the last `kept` batches.
+fn deliver(rng: &mut Rng, batches: &[Vec<u8>], kept: usize) -> ReplicaEvents {
+    let now = Instant::now();
+    let mut r = ReplicaEvents::new(&config(), now);
+    let mut pending: Option<(u64, u64, usize)> = None; // (from, messages to wait, published)
+    let drop_percent = rng.below(60);
+    let last = batches.len() - 1;
+    let serve = |r: &mut ReplicaEvents, from: u64, published: usize| {
+        let oldest = published.saturating_sub(kept).max(from as usize);
+        for (seq, batch) in batches.iter().enumerate().take(published).skip(oldest) {
+            let out = r.on_replay(seq as u64, batch.clone(), now);
+            assert_eq!(out.replay_from, None);
+        }
+        r.on_replay(END_OF_REPLAY, Vec::new(), now);
+    };
+    for (seq, batch) in batches.iter().enumerate() {
+        if let Some((from, wait, _)) = pending {
+            if wait == 0 {
+                pending = None;
+                serve(&mut r, from, seq);
+            } else {
+                pending = Some((from, wait - 1, seq));
+            }
+        }
+        if seq != last && rng.below(100) < drop_percent {
+            continue;
+        }
+        let out = r.on_live(seq as u64, batch.clone(), now);
+        if let Some(from) = out.replay_from {
+            assert!(pending.is_none(), "one replay at a time");
+            pending = Some((from, rng.below(4), seq + 1));
+        }
+    }
+    if let Some((from, _, _)) = pending {
+        serve(&mut r, from, batches.len());
+    }
+    assert!(!r.replaying());
+    r
+}
+
+#[test]
+fn whatever_the_live_stream_drops_replays_rebuild_the_same_residency() {
+    for seed in 0..150 {
+        let (mut rng, batches, reference) = simulation(seed);
+        let r = deliver(&mut rng, &batches, usize::MAX);
+        assert_eq!(r.counters().gaps_lost, 0, "seed {seed}");
+        assert_eq!(
+            r.residency().len(),
+            reference.residency().len(),
+            "seed {seed}"
+        );
+        for i in 0..20 {
+            assert_eq!(hit(&r, i), hit(&reference, i), "seed {seed}, prompt {i}");
+        }
+    }
+}
+
+#[test]
+fn a_lost_gap_leaves_a_residency_that_never_claims_more_than_the_engine_holds() {
+    let mut lost = 0;
+    for seed in 0..150 {
+        let (mut rng, batches, reference) = simulation(seed);
+        let r = deliver(&mut rng, &batches, 3);
+        lost += r.counters().gaps_lost;
+        assert!(
+            r.residency().len() <= reference.residency().len(),
+            "seed {seed}"
+        );
+        for i in 0..20 {
+            assert!(hit(&r, i) <= hit(&reference, i), "seed {seed}, prompt {i}");
+        }
+    }
+    assert!(lost > 0, "the short buffer loses gaps");
+}
