@@ -22,12 +22,14 @@
 //! | [`assign_reply`] | the batcher's `AssignReply` protobuf as the filter decodes it |
 //! | [`filter_config`] | the filter's plugin configuration JSON |
 //! | [`response_usage`] | the end of an engine's response, as the filter reads its cached tokens |
+//! | [`kv_events`] | a payload of vLLM's KV events stream, decoded and applied, and a stream of them through one replica's sequencing |
 
 pub mod assign_reply;
 pub mod body;
 mod check;
 pub mod filter_config;
 pub mod knobs;
+pub mod kv_events;
 pub mod line;
 pub mod mutate;
 pub mod normalize;
@@ -74,6 +76,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "response_usage",
         run: response_usage::response_usage,
+    },
+    Target {
+        name: "kv_events",
+        run: kv_events::kv_events,
     },
 ];
 

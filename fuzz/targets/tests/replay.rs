@@ -135,6 +135,11 @@ fn response_usage() {
 }
 
 #[test]
+fn kv_events() {
+    fuzz("kv_events");
+}
+
+#[test]
 fn every_target_is_tested_and_has_seeds() {
     for target in cohort_fuzz_targets::TARGETS {
         let dir = fuzz_dir().join("corpus").join(target.name);
