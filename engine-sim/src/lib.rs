@@ -43,6 +43,7 @@ pub mod bound;
 pub mod cache;
 pub mod calibration;
 pub mod cost;
+pub mod events;
 pub mod metrics;
 pub mod render;
 pub mod replica;

@@ -7,7 +7,7 @@
 //! [`Replica::admit`] (cache lookup, prefill scheduled on the lane) → [`Replica::prefill_done`]
 //! (its blocks enter the cache) → [`Replica::token`] per decoded token → [`Replica::finish`].
 
-use crate::cache::PrefixCache;
+use crate::cache::{CacheChange, PrefixCache};
 use crate::cost::CostModel;
 use serde::Serialize;
 
@@ -132,9 +132,10 @@ impl Replica {
         }
     }
 
-    /// The prefill finished: its blocks enter the cache; `ttft_ms` is from receipt.
-    pub fn prefill_done(&mut self, hashes: &[u64], ttft_ms: f64) {
-        self.cache.insert(hashes);
+    /// The prefill finished: its blocks enter the cache; `ttft_ms` is from receipt. Returns
+    /// what the cache stored and evicted.
+    pub fn prefill_done(&mut self, hashes: &[u64], ttft_ms: f64) -> CacheChange {
+        let change = self.cache.insert(hashes);
         let ttft_s = ttft_ms / 1000.0;
         for (count, bound) in self.ttft_counts.iter_mut().zip(TTFT_BUCKETS_S) {
             if ttft_s <= bound {
@@ -143,6 +144,12 @@ impl Replica {
         }
         self.ttft_sum_s += ttft_s;
         self.ttft_count += 1;
+        change
+    }
+
+    /// Drops the whole prefix cache (vLLM's `reset_prefix_cache`); returns the blocks held.
+    pub fn reset_cache(&mut self) -> usize {
+        self.cache.clear()
     }
 
     /// How long the next decode step takes now.
@@ -237,7 +244,9 @@ mod tests {
             (b.cached_tokens, b.prefill_start_ms, b.prefill_end_ms),
             (0, 45.0, 90.0)
         );
-        r.prefill_done(&h, 45.0);
+        let change = r.prefill_done(&h, 45.0);
+        assert_eq!(change.stored, vec![0..10], "all 10 blocks are new");
+        assert!(change.evicted.is_empty());
         assert_eq!(r.decode_token_ms(), 3.0, "two running: 2 ms × (1 + 0.5)");
         r.finish(100.0, true);
         r.finish(120.0, true);
@@ -273,6 +282,16 @@ mod tests {
         assert_eq!(counts[3], 0, "≤ 20 ms");
         assert_eq!(counts[4], 1, "≤ 40 ms");
         assert_eq!(counts[13], 2, "≤ 5 s");
+    }
+
+    #[test]
+    fn a_cache_reset_drops_every_block() {
+        let mut r = Replica::new(100, 4, COST);
+        let h = block_hashes(&(0..40).collect::<Vec<u32>>(), 4, None);
+        r.prefill_done(&h, 1.0);
+        assert_eq!(r.reset_cache(), 10);
+        assert_eq!(r.kv_usage(), 0.0);
+        assert_eq!(r.admit(&h, 40, 2.0).cached_tokens, 0);
     }
 
     #[test]
