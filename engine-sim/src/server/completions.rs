@@ -5,6 +5,9 @@
 //! its prefill ends (its first token), then sleeps one decode step per further token. The
 //! output is `max_tokens` tokens of `" tok"`; `finish_reason` is `"length"`.
 //!
+//! With KV events on, the cache change of each prefill is published as one batch when the
+//! prefill ends, which is when its blocks enter the cache.
+//!
 //! Headers (on every completion): `x-sim-replica` (index), `x-sim-queue-ms` (receipt →
 //! prefill start: slot wait + prefill-lane wait), `x-sim-ttft-ms` (receipt → first token),
 //! `x-sim-cached-tokens`, `x-sim-prompt-tokens`, and `x-sim-engine-ms`: receipt → last token
@@ -15,6 +18,7 @@
 use super::respond::{error, json, sse, sse_event};
 use super::ReplicaCtx;
 use crate::cache::block_hashes;
+use crate::events::events_for;
 use crate::render::{parse, Api, SimRequest};
 use crate::tokenizer::tokenize;
 use axum::extract::State;
@@ -145,7 +149,13 @@ async fn handle(ctx: Arc<ReplicaCtx>, api: Api, body: &[u8]) -> Response {
     let ttft_ms = ms_between(received, first_token);
     {
         let mut state = ctx.lock();
-        state.prefill_done(&hashes, ttft_ms);
+        let change = state.prefill_done(&hashes, ttft_ms);
+        if let Some(events) = &ctx.events {
+            // Under the lock: batches are numbered in the order the cache changed.
+            let block_tokens = ctx.config.block_tokens;
+            let salt = request.cache_salt.as_deref();
+            events.publish(&events_for(&change, &hashes, &tokens, block_tokens, salt));
+        }
         state.token();
     }
     let timing = Timing {

@@ -1,10 +1,13 @@
 //! The endpoints that cost no simulated time: health, model and server info (the shapes
 //! sglang-router and vLLM clients read), `/tokenize` and `/detokenize`, the render endpoints
 //! vllm-router's cache_aware policy calls per request (it needs `token_ids`; without them it
-//! falls back to `/tokenize` with the whole body), `/metrics` and `/sim/stats`.
+//! falls back to `/tokenize` with the whole body), `/metrics`, `/sim/stats`, and
+//! `/reset_prefix_cache` (vLLM's development endpoint, which the live benchmarks call
+//! between contenders).
 
 use super::respond::{error, json};
 use super::ReplicaCtx;
+use crate::events::Event;
 use crate::render::parse_any;
 use crate::tokenizer;
 use axum::extract::State;
@@ -69,8 +72,24 @@ pub async fn server_info(State(ctx): Ctx) -> Response {
             "time_scale": c.time_scale,
             "cost": c.cost,
             "calibration": c.calibration,
+            "kv_events": ctx.events.as_ref().map(|e| e.info()),
         }),
     )
+}
+
+/// `POST /reset_prefix_cache`: drops this replica's whole prefix cache, publishing
+/// `AllBlocksCleared` with KV events on. Unlike vLLM, which refuses while requests run,
+/// it always succeeds: a running request's blocks enter the emptied cache when its prefill
+/// ends.
+pub async fn reset_prefix_cache(State(ctx): Ctx) -> Response {
+    {
+        let mut state = ctx.lock();
+        state.reset_cache();
+        if let Some(events) = &ctx.events {
+            events.publish(&[Event::AllCleared]);
+        }
+    }
+    json(StatusCode::OK, &json!({"success": true}))
 }
 
 /// `/tokenize` (vLLM's `{count, max_model_len, tokens}`) or a render endpoint (`{model,

@@ -1,11 +1,16 @@
 //! The simulator's HTTP layer: N replicas in one process, each an axum server on its own
 //! port with its own [`Replica`] state (behind a mutex, held only for arithmetic) and its own
 //! FIFO slot semaphore. Handlers live in [`completions`] (the OpenAI APIs, where time is
-//! spent) and [`info`] (everything else); [`respond`] holds the response helpers.
+//! spent) and [`info`] (everything else); [`respond`] holds the response helpers. With KV
+//! events on ([`bind_with`]), each replica also publishes its cache's changes on ZeroMQ
+//! ([`kv_events`]).
 
 mod completions;
 mod info;
+mod kv_events;
 mod respond;
+
+pub use kv_events::{KvEventsConfig, KvEventsPorts};
 
 use crate::cost::CostModel;
 use crate::replica::Replica;
@@ -52,6 +57,8 @@ pub(crate) struct ReplicaCtx {
     pub epoch: Instant,
     /// Every replica, for `/sim/stats` from any port.
     pub all: std::sync::OnceLock<Vec<Arc<ReplicaCtx>>>,
+    /// The KV events publisher, when events are on.
+    pub events: Option<Arc<kv_events::Publisher>>,
 }
 
 impl ReplicaCtx {
@@ -80,6 +87,8 @@ pub struct BoundSim {
     listeners: Vec<TcpListener>,
     contexts: Vec<Arc<ReplicaCtx>>,
     ports: Vec<u16>,
+    event_sockets: Vec<kv_events::Sockets>,
+    kv_events_ports: Vec<KvEventsPorts>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,12 +100,25 @@ pub enum SimError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("cannot bind the KV events socket {endpoint}: {source}")]
+    KvEvents {
+        endpoint: String,
+        source: zeromq::ZmqError,
+    },
     #[error("server: {0}")]
     Serve(std::io::Error),
 }
 
-/// Checks the configuration and binds every replica's port.
+/// Checks the configuration and binds every replica's port, without KV events.
 pub async fn bind(config: SimConfig) -> Result<BoundSim, SimError> {
+    bind_with(config, None).await
+}
+
+/// [`bind`], and with `kv_events` each replica's KV events sockets too.
+pub async fn bind_with(
+    config: SimConfig,
+    kv_events: Option<KvEventsConfig>,
+) -> Result<BoundSim, SimError> {
     if config.replicas == 0 || config.slots == 0 || config.block_tokens == 0 {
         return Err(SimError::Config(
             "replicas, slots and block-tokens must be at least 1".to_owned(),
@@ -113,6 +135,8 @@ pub async fn bind(config: SimConfig) -> Result<BoundSim, SimError> {
     let mut listeners = Vec::new();
     let mut ports = Vec::new();
     let mut contexts = Vec::new();
+    let mut event_sockets = Vec::new();
+    let mut kv_events_ports = Vec::new();
     for index in 0..config.replicas {
         let port = match config.base_port {
             0 => 0,
@@ -133,6 +157,16 @@ pub async fn bind(config: SimConfig) -> Result<BoundSim, SimError> {
         })?;
         ports.push(local.port());
         listeners.push(listener);
+        let events = match &kv_events {
+            Some(events_config) => {
+                let (publisher, sockets) =
+                    kv_events::bind(&config.host, index, events_config).await?;
+                kv_events_ports.push(publisher.ports());
+                event_sockets.push(sockets);
+                Some(publisher)
+            }
+            None => None,
+        };
         contexts.push(Arc::new(ReplicaCtx {
             index,
             config: Arc::clone(&config),
@@ -140,6 +174,7 @@ pub async fn bind(config: SimConfig) -> Result<BoundSim, SimError> {
             slots: Arc::new(Semaphore::new(config.slots)),
             epoch: Instant::now(),
             all: std::sync::OnceLock::new(),
+            events,
         }));
     }
     for ctx in &contexts {
@@ -149,6 +184,8 @@ pub async fn bind(config: SimConfig) -> Result<BoundSim, SimError> {
         listeners,
         contexts,
         ports,
+        event_sockets,
+        kv_events_ports,
     })
 }
 
@@ -158,12 +195,27 @@ impl BoundSim {
         &self.ports
     }
 
+    /// The replicas' KV events ports, in replica order (empty without events).
+    pub fn kv_events_ports(&self) -> &[KvEventsPorts] {
+        &self.kv_events_ports
+    }
+
     /// Serves every replica until `shutdown` resolves, then finishes in-flight requests.
     pub async fn serve(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), SimError> {
         let (stop_tx, stop_rx) = watch::channel(false);
+        // The events' sockets stop after the HTTP servers, so that the batches of requests
+        // still in flight at shutdown are published.
+        let (events_stop_tx, events_stop_rx) = watch::channel(false);
+        let mut event_tasks = Vec::new();
+        for (sockets, ctx) in self.event_sockets.into_iter().zip(&self.contexts) {
+            if let Some(publisher) = &ctx.events {
+                let run = kv_events::run(sockets, Arc::clone(publisher), events_stop_rx.clone());
+                event_tasks.push(tokio::spawn(run));
+            }
+        }
         let mut tasks = Vec::new();
         for (listener, ctx) in self.listeners.into_iter().zip(self.contexts) {
             let mut stop = stop_rx.clone();
@@ -192,6 +244,12 @@ impl BoundSim {
                 Err(e) => result = Err(SimError::Serve(std::io::Error::other(e))),
             }
         }
+        let _ = events_stop_tx.send(true);
+        for task in event_tasks {
+            if let Err(e) = task.await {
+                result = Err(SimError::Serve(std::io::Error::other(e)));
+            }
+        }
         result
     }
 }
@@ -213,6 +271,7 @@ fn router(ctx: Arc<ReplicaCtx>) -> Router {
         .route("/get_server_info", get(info::server_info))
         .route("/metrics", get(info::metrics))
         .route("/sim/stats", get(info::stats))
+        .route("/reset_prefix_cache", post(info::reset_prefix_cache))
         .fallback(info::not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(ctx)
