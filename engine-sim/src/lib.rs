@@ -33,6 +33,10 @@
 //!   later token takes `decode_ms_per_token × (1 + decode_batch_slowdown × (running − 1))`,
 //!   with `running` sampled per token.
 //!
+//! **KV cache events** ([`events`]; `--kv-events-port`): each replica can publish its cache's
+//! stores, evictions and resets as vLLM's ZeroMQ KV events stream, replays included, so a
+//! consumer of vLLM's stream can follow the simulated caches exactly.
+//!
 //! The constants come from a calibration file written by `cohort_tools/bench/engine_sim_calibrate.py`
 //! against a real llama-server ([`calibration`]); the committed one is the default.
 //!

@@ -291,13 +291,14 @@ async fn the_residency_built_from_the_stream_agrees_with_the_simulator() {
         .collect();
     assert_eq!(seqs, (0..published).collect::<Vec<_>>());
 
-    subscriber.abort();
+    // Shutdown ends the sockets' task with a subscriber still connected.
     let _ = stop_tx.send(());
     tokio::time::timeout(Duration::from_secs(10), server)
         .await
         .expect("the server and its sockets stop")
         .unwrap()
         .unwrap();
+    subscriber.abort();
 }
 
 /// Asks the replay socket for every kept batch from `start`; returns the replies' frames
