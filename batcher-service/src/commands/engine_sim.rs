@@ -2,7 +2,8 @@
 //! crate and docs/ENGINE-SIM.md). Thin: flags → the crate.
 //!
 //! - `serve`: N replicas on their own ports; writes `{"ports":[…]}` to `--ports-file` (tmp
-//!   file, then rename) once all listen; SIGTERM/SIGINT → graceful exit 0.
+//!   file, then rename) once all listen; SIGTERM/SIGINT → graceful exit 0. With
+//!   `--kv-events-port`, each replica publishes its KV cache events as vLLM does.
 //! - `bound`: the pooled-cache hit-ratio bound of a JSONL request stream.
 //!
 //! Calibration is `cohort_tools/bench/engine_sim_calibrate.py` (it drives a real llama-server).
@@ -10,7 +11,7 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use cohort_engine_sim::calibration::Calibration;
-use cohort_engine_sim::server::{bind, SimConfig};
+use cohort_engine_sim::server::{bind_with, KvEventsConfig, SimConfig};
 use serde_json::json;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -62,6 +63,13 @@ struct ServeArgs {
     model: String,
     #[arg(long, default_value_t = 131072)]
     max_model_len: usize,
+    /// KV cache events as vLLM publishes them: replica i's ZeroMQ PUB socket on this port +
+    /// 2i, its replay ROUTER socket on this port + 2i + 1; 0 = no events.
+    #[arg(long, default_value_t = 0)]
+    kv_events_port: u16,
+    /// Event batches each replica keeps for replays.
+    #[arg(long, default_value_t = KvEventsConfig::DEFAULT_BUFFER_STEPS)]
+    kv_events_buffer_steps: usize,
 }
 
 #[derive(Parser)]
@@ -96,6 +104,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "data/bench/engine_sim_calibration.json (built in)".to_owned(),
         ),
     };
+    let kv_events = (args.kv_events_port != 0).then(|| KvEventsConfig {
+        buffer_steps: args.kv_events_buffer_steps,
+        ..KvEventsConfig::new(args.kv_events_port)
+    });
     let config = SimConfig {
         replicas: args.replicas,
         host: args.host,
@@ -124,13 +136,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 _ = interrupt.recv() => {}
             }
         };
-        let sim = bind(config).await?;
+        let sim = bind_with(config, kv_events).await?;
         write_ports(&args.ports_file, sim.ports())?;
         eprintln!(
             "cohort engine-sim: {} replicas on ports {:?} (calibration: {source})",
             sim.ports().len(),
             sim.ports()
         );
+        for (i, ports) in sim.kv_events_ports().iter().enumerate() {
+            eprintln!(
+                "cohort engine-sim: replica {i} KV events on port {}, replays on {}",
+                ports.publish, ports.replay
+            );
+        }
         sim.serve(shutdown).await?;
         eprintln!("cohort engine-sim: stopped");
         anyhow::Ok(())
