@@ -192,8 +192,8 @@ fn message(frames: Vec<Bytes>) -> Option<ZmqMessage> {
     ZmqMessage::try_from(frames).ok()
 }
 
-/// Publishes the queued batches and answers replays until `stop` turns true, then closes
-/// both sockets.
+/// Publishes the queued batches and answers replays until `stop` turns true, then sends
+/// what is still queued and closes both sockets.
 pub(crate) async fn run(
     sockets: Sockets,
     publisher: Arc<Publisher>,
@@ -244,6 +244,12 @@ pub(crate) async fn run(
                     }
                 }
             }
+        }
+    }
+    // What the last requests published before the stop still goes out.
+    while let Ok((seq, payload)) = live.try_recv() {
+        if let Some(m) = message(live_frames(&publisher.topic, seq, payload)) {
+            let _ = publish.send(m).await;
         }
     }
     let _ = publish.close().await;
