@@ -203,16 +203,22 @@ mod tests {
             let Json(page) = state(State(inspect.clone())).await;
             page["replicas"].as_array().unwrap().clone()
         };
-        // The subscriptions reach the publisher (a PUB drops what it sends before).
-        tokio::time::sleep(Duration::from_millis(500)).await;
-
-        // The recording goes out live but for message 3, which only the replay has.
-        for (seq, frames) in recording.iter().enumerate() {
+        let view = || brain.kv_events().get("r0").unwrap().view(clock.now_ms());
+        // A PUB drops what it sends before a subscription reaches it: message 0 goes out
+        // until it is applied (a second copy that arrives reads as a restart, harmless).
+        let start = Instant::now();
+        while view().totals.applied == 0 {
+            assert!(start.elapsed() < Duration::from_secs(5), "never subscribed");
+            publisher.send(message(recording[0].clone())).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The rest of the recording goes out live but for message 3, which only the
+        // replay has.
+        for (seq, frames) in recording.iter().enumerate().skip(1) {
             if seq != 3 {
                 publisher.send(message(frames.clone())).await.unwrap();
             }
         }
-        let view = || brain.kv_events().get("r0").unwrap().view(clock.now_ms());
         until("all nine applied", || view().totals.applied == 9).await;
         let v = view();
         assert!(v.totals.replays >= 1, "{v:?}");
@@ -240,13 +246,6 @@ mod tests {
         assert_eq!(r0["kv_events"]["messages_seen"], true, "{r0}");
         assert!(r0["kv_events"]["lag_s"].as_f64().unwrap() < 1.0, "{r0}");
         assert_eq!(r1["kv_events"], Value::Null, "no stream configured: {r1}");
-        let other = elsewhere.get("r0").unwrap().view(clock.now_ms());
-        assert_eq!(
-            (other.totals.applied, other.messages_seen),
-            (0, false),
-            "another topic hears nothing: {other:?}"
-        );
-
         // The publisher goes quiet: past silence_s the stream is unhealthy, its lag grows.
         until("silent", || !view().healthy).await;
         assert_eq!(view().health, "degraded (silent)");
@@ -259,6 +258,26 @@ mod tests {
         assert_eq!(kv["healthy"], false, "{kv}");
         assert!(kv["lag_s"].as_f64().unwrap() >= 1.0, "{kv}");
         assert_eq!(kv["blocks_held"], 3, "the residency stays, degraded: {kv}");
+
+        // The engine restarts and publishes again (its sequence from 0): healthy again,
+        // the old residency dropped for the new one.
+        let restarts = view().totals.restarts;
+        publisher.send(message(recording[0].clone())).await.unwrap();
+        until("healthy again", || view().healthy).await;
+        let v = view();
+        assert_eq!(
+            (v.totals.restarts, v.blocks_held),
+            (restarts + 1, 3),
+            "{v:?}"
+        );
+        assert!(v.lag_s < 1.0, "{v:?}");
+
+        let other = elsewhere.get("r0").unwrap().view(clock.now_ms());
+        assert_eq!(
+            (other.totals.applied, other.messages_seen),
+            (0, false),
+            "another topic hears nothing, a second after the first message: {other:?}"
+        );
 
         // The tasks end with the batcher.
         stop_tx.send(true).unwrap();
