@@ -64,6 +64,12 @@ impl Stream {
         outcome
     }
 
+    /// Messages the stream has delivered so far.
+    fn messages(&self) -> u64 {
+        let frames = *lock(&self.frames);
+        state::messages(lock(&self.replica).counters(), &frames)
+    }
+
     /// The stream's snapshot at `now_ms` (which also samples its activity).
     pub fn view(&self, now_ms: u64) -> View {
         let frames = *lock(&self.frames);
@@ -161,6 +167,9 @@ async fn follow(streams: Arc<Streams>, index: usize, mut stop: watch::Receiver<b
         replay = ?stream.subscriber.replay_endpoint,
         "following KV events"
     );
+    // The last socket failure logged, and the stream's message count then: a failure is
+    // logged when it differs, or when messages came in between (the socket had worked).
+    let mut failed: Option<(String, u64)> = None;
     loop {
         let run = subscriber::run(
             &stream.subscriber,
@@ -173,7 +182,11 @@ async fn follow(streams: Arc<Streams>, index: usize, mut stop: watch::Receiver<b
             tokio::select! {
                 result = &mut run => {
                     if let Err(error) = result {
-                        warn!(replica = name, %error, "KV events socket failed; following again in {RETRY_AFTER:?}");
+                        let failure = (error.to_string(), stream.messages());
+                        if failed.as_ref() != Some(&failure) {
+                            warn!(replica = name, %error, "KV events socket failed; following again every {RETRY_AFTER:?}");
+                        }
+                        failed = Some(failure);
                     }
                     break tokio::time::Instant::now() + RETRY_AFTER;
                 }
@@ -456,6 +469,66 @@ mod tests {
             ..cpu()
         };
         assert_eq!(run(small, &piling).gaps_lost, 1);
+    }
+
+    #[tokio::test]
+    async fn a_stream_is_silent_while_its_engine_is_unreachable_and_follows_it_once_up() {
+        use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
+        // A port nothing listens on yet.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let endpoint = format!("tcp://127.0.0.1:{port}");
+        let mut config = ServeConfig {
+            replicas: vec![crate::config::Replica::named("r0")],
+            kv_events: KvEventsSection {
+                silence_s: 1,
+                ..cpu()
+            },
+            ..ServeConfig::default()
+        };
+        config.replicas[0].kv_events = Some(endpoint.clone().try_into().unwrap());
+        let clock = Clock::start();
+        let streams = Arc::new(Streams::new(&config, clock));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let tasks = spawn(Arc::clone(&streams), stop_rx);
+        let view = || streams.get("r0").unwrap().view(clock.now_ms());
+        let deadline = Instant::now() + Duration::from_secs(8);
+        // Ticks go on while the socket is still connecting: the stream turns silent.
+        while view().healthy {
+            assert!(Instant::now() < deadline, "never silent: {:?}", view());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let v = view();
+        assert_eq!(
+            (v.health.as_str(), v.messages_seen),
+            ("degraded (silent)", false)
+        );
+        // The engine comes up and publishes: followed, healthy again.
+        let mut publisher = PubSocket::new();
+        publisher.bind(&endpoint).await.unwrap();
+        let mut frames = fixture::live_messages().remove(0).into_iter();
+        let mut first = ZmqMessage::from(frames.next().unwrap());
+        for frame in frames {
+            first.push_back(frame.into());
+        }
+        while view().totals.applied == 0 {
+            assert!(Instant::now() < deadline, "never followed: {:?}", view());
+            publisher.send(first.clone()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let v = view();
+        assert!(v.healthy && v.messages_seen, "{v:?}");
+        assert_eq!(v.blocks_held, 3);
+        stop_tx.send(true).unwrap();
+        for task in tasks {
+            tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .expect("the task stops")
+                .unwrap();
+        }
     }
 
     #[test]
