@@ -17,6 +17,7 @@ mod config;
 mod discovery;
 mod fleet;
 mod front;
+mod kv_events;
 mod metrics;
 mod serve;
 

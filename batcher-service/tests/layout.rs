@@ -3,7 +3,7 @@
 //! | layer | modules | may use |
 //! |---|---|---|
 //! | 0 | `audit`, `clock`, `config`, `metrics` | nothing of the binary |
-//! | 1 | `fleet` | layer 0 |
+//! | 1 | `fleet`, `kv_events` | layer 0 |
 //! | 2 | `front`, `discovery` | layers 0–1 |
 //! | 3 | `serve` | layers 0–2 |
 //! | 4 | `commands` | everything |
@@ -15,12 +15,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const LAYERS: [(&str, u8); 10] = [
+const LAYERS: [(&str, u8); 11] = [
     ("audit", 0),
     ("clock", 0),
     ("config", 0),
     ("metrics", 0),
     ("fleet", 1),
+    ("kv_events", 1),
     ("front", 2),
     ("discovery", 2),
     ("serve", 3),

@@ -44,6 +44,20 @@ function heatColour(n, max) {
   return `hsl(${(1 - t) * 60}, 90%, ${75 - t * 35}%)`;
 }
 
+// A replica's KV events stream: health, blocks held, seconds since its last message.
+function kvEvents(kv) {
+  if (!kv) return "not published";
+  const lag = kv.messages_seen ? `${kv.lag_s} s ago` : `no message in ${kv.lag_s} s`;
+  return `${kv.health} · ${kv.blocks_held} blocks · ${lag}`;
+}
+
+function kvEventsTitle(kv) {
+  const t = kv.totals;
+  return `${t.applied} applied, ${t.duplicates} duplicates, ${t.replays} replays, ${t.gaps_lost} gaps lost, `
+    + `${t.restarts} restarts, ${t.malformed} malformed; residency ${kv.complete ? "complete" : "incomplete (a gap was lost)"}; `
+    + "decisions use the modelled residency";
+}
+
 // One replica row: every cell names its column (data-col) for tests; numbers are plain.
 function replicaRow(r) {
   const td = (col, text, { left, cls, title } = {}) => {
@@ -66,7 +80,11 @@ function replicaRow(r) {
     td("ttft_p50", ttft("p50"), { title: ttftTitle }),
     td("ttft_p95", ttft("p95"), { title: ttftTitle }),
     td("blocks", r.blocks_resident, { title: `of ${r.blocks_capacity} modelled per replica` }),
-    td("kv_events", r.kv_events ?? "not published", { left: true, cls: r.kv_events ? "" : "muted", title: "fills when the replica publishes KV cache events" }),
+    td("kv_events", kvEvents(r.kv_events), {
+      left: true,
+      cls: r.kv_events ? (r.kv_events.healthy ? "" : "bad") : "muted",
+      title: r.kv_events ? kvEventsTitle(r.kv_events) : "no kv_events endpoint configured for this replica",
+    }),
   ].join("")}</tr>`;
 }
 

@@ -15,6 +15,18 @@
 //! url = "http://10.0.0.5:8000"    # batch mode: where the front sends this replica's work
 //! engine = "llamacpp"             # llamacpp | vllm | sglang | tgi | openai | anthropic
 //! slots = 4                       # llama.cpp slots (-np); read from /props when omitted
+//! kv_events = "tcp://10.0.0.5:5557"         # vLLM's KV events (docs/KV-EVENTS.md); unset: none
+//! kv_events_replay = "tcp://10.0.0.5:5558"  # its replay socket; unset: gaps are lost
+//!
+//! [kv_events]                     # how those streams are read
+//! block_size = 16                 # vLLM's --block-size (16 on GPU, 128 on CPU)
+//! main_medium = "GPU"             # the cache tier that counts
+//! topic = ""                      # vLLM's topic
+//! silence_s = 60                  # no message for this long: the stream is unhealthy
+//! recover_after = 8               # good payloads in a row that clear a problem
+//! duplicate_window = 16           # a repeat within this many numbers; further back: a restart
+//! replay_timeout_ms = 2000        # a replay taking longer loses its gap
+//! max_held = 10000                # live messages held during a replay before it gives up
 //!
 //! [batch]                         # batch mode's HTTP front (on when replicas have urls)
 //! listen = "0.0.0.0:8000"
@@ -90,8 +102,8 @@ mod validate;
 
 pub use args::ServeArgs;
 pub use sections::{
-    BatchSection, DiscoverySection, LoraSection, NeighbourSearch, PickerSection, PolicySection,
-    PrefetchSection, Replica, StoreSection,
+    BatchSection, DiscoverySection, KvEventsSection, LoraSection, NeighbourSearch, PickerSection,
+    PolicySection, PrefetchSection, Replica, StoreSection,
 };
 pub use validate::ConfigError;
 
@@ -123,6 +135,8 @@ pub struct ServeConfig {
     pub discovery: DiscoverySection,
     /// The Gateway API Inference Extension endpoint picker (off unless `listen` is set).
     pub picker: PickerSection,
+    /// How the replicas' KV cache event streams (`[[replicas]] kv_events`) are read.
+    pub kv_events: KvEventsSection,
     /// Deployment secret keying the engine cache salts of batch mode (vLLM `cache_salt`)
     /// and the front's own fingerprints; set it (`COHORT_SALT_SECRET`) to the filter's
     /// `salt_secret`, so salts cannot be guessed from tenant names.
@@ -163,6 +177,7 @@ impl Default for ServeConfig {
             lora: Vec::new(),
             discovery: DiscoverySection::default(),
             picker: PickerSection::default(),
+            kv_events: KvEventsSection::default(),
             ui_assets: None,
             salt_secret: String::new(),
             tenant_header: cohort_fingerprint::headers::TENANT.into(),
@@ -525,6 +540,95 @@ mod tests {
             b.config = Some(path.clone());
             let message = ServeConfig::load(&b, None).unwrap_err().to_string();
             assert!(message.contains(field), "{file:?}: {message}");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn kv_events_endpoints_and_settings_are_read_and_checked() {
+        let dir = std::env::temp_dir().join(format!("cohort-config-kv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("serve.toml");
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            let mut a = args(&[]);
+            a.config = Some(path.clone());
+            ServeConfig::load(&a, None)
+        };
+        let config = load(
+            "[[replicas]]\nname = \"a\"\nkv_events = \"tcp://10.0.0.5:5557\"\n\
+             kv_events_replay = \"tcp://[::1]:5558\"\n\
+             [[replicas]]\nname = \"b\"\nkv_events = \"tcp://vllm-0.llm.svc:5557\"\n\
+             [[replicas]]\nname = \"c\"\n\
+             [kv_events]\nblock_size = 128\nmain_medium = \"CPU\"\ntopic = \"kv\"\nsilence_s = 5\n\
+             recover_after = 2\nduplicate_window = 4\nreplay_timeout_ms = 300\nmax_held = 50\n",
+        )
+        .unwrap();
+        let endpoint = |i: usize| config.replicas[i].kv_events.as_ref().map(|e| e.as_str());
+        let replay = |i: usize| {
+            config.replicas[i]
+                .kv_events_replay
+                .as_ref()
+                .map(|e| e.as_str())
+        };
+        assert_eq!(
+            (endpoint(0), replay(0)),
+            (Some("tcp://10.0.0.5:5557"), Some("tcp://[::1]:5558"))
+        );
+        assert_eq!(
+            (endpoint(1), replay(1)),
+            (Some("tcp://vllm-0.llm.svc:5557"), None)
+        );
+        assert_eq!((endpoint(2), replay(2)), (None, None));
+        let r = config.kv_events.replica_config();
+        assert_eq!((r.block_size, r.main_medium.as_str()), (128, "CPU"));
+        assert_eq!(config.kv_events.topic, "kv");
+        assert_eq!((r.health.silence.as_secs(), r.health.recover_after), (5, 2));
+        assert_eq!(r.sequence.duplicate_window, 4);
+        assert_eq!(r.sequence.replay_timeout.as_millis(), 300);
+        assert_eq!(r.sequence.max_held, 50);
+
+        // Each bad value is refused with the field or the endpoint named.
+        let replica = |line: &str| format!("[[replicas]]\nname = \"a\"\n{line}\n");
+        for (file, expected) in [
+            (replica("kv_events = \"tcp://*:5557\""), "bind address"),
+            (replica("kv_events = \"ipc:///tmp/kv\""), "only tcp://"),
+            (replica("kv_events = \"tcp://10.0.0.5\""), "no port"),
+            (replica("kv_events = \"tcp://10.0.0.5:0\""), "1-65535"),
+            (
+                replica("kv_events = \"tcp://bad host:5557\""),
+                "IP address or a DNS name",
+            ),
+            (
+                replica("kv_events = \"tcp://[zz]:5557\""),
+                "IP address or a DNS name",
+            ),
+            (
+                replica("kv_events_replay = \"tcp://10.0.0.5:5558\""),
+                "replica a: kv_events_replay needs kv_events",
+            ),
+            (
+                replica("[kv_events]\nblock_size = 0"),
+                "kv_events.block_size",
+            ),
+            (replica("[kv_events]\nsilence_s = 0"), "kv_events.silence_s"),
+            (
+                replica("[kv_events]\nrecover_after = 0"),
+                "kv_events.recover_after",
+            ),
+            (
+                replica("[kv_events]\nreplay_timeout_ms = 0"),
+                "kv_events.replay_timeout_ms",
+            ),
+            (replica("[kv_events]\nmax_held = 0"), "kv_events.max_held"),
+            (
+                replica("[kv_events]\nmain_medium = \"\""),
+                "kv_events.main_medium",
+            ),
+            (replica("[kv_events]\nblocksize = 16"), "blocksize"),
+        ] {
+            let message = load(&file).unwrap_err().to_string();
+            assert!(message.contains(expected), "{file:?}: {message}");
         }
         std::fs::remove_dir_all(dir).unwrap();
     }

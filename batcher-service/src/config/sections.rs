@@ -1,8 +1,9 @@
 //! The tables of the configuration file, one struct each, with their defaults: the
 //! engine replicas (`[[replicas]]`), batch mode's front (`[batch]`), prefetch
 //! (`[prefetch]`), LoRA adapters (`[[lora]]`), the replica policy (`[policy]`), the
-//! fingerprint store (`[store]`) and the endpoint picker (`[picker]`). What each field means is on the field; the file's
-//! overall shape is in [`super`].
+//! fingerprint store (`[store]`), the endpoint picker (`[picker]`) and the engines' KV cache
+//! events (`[kv_events]`). What each field means is on the field; the file's overall shape
+//! is in [`super`].
 
 use axum::http::Uri;
 use cohort_batcher_core::engines::EngineKind;
@@ -25,6 +26,14 @@ pub struct Replica {
     /// Slots (llama.cpp `-np`); `None` = ask the engine.
     #[serde(default)]
     pub slots: Option<usize>,
+    /// Where the engine publishes its KV cache events (vLLM's `--kv-events-config`
+    /// `endpoint`, with the engine's host in place of `*`); `None`: not followed.
+    #[serde(default)]
+    pub kv_events: Option<EventsEndpoint>,
+    /// The engine's KV events replay socket (vLLM's `replay_endpoint`); without one, a
+    /// gap in the stream is lost instead of replayed.
+    #[serde(default)]
+    pub kv_events_replay: Option<EventsEndpoint>,
 }
 
 impl Replica {
@@ -34,6 +43,8 @@ impl Replica {
             url: None,
             engine: EngineKind::default(),
             slots: None,
+            kv_events: None,
+            kv_events_replay: None,
         }
     }
 
@@ -75,6 +86,120 @@ impl TryFrom<String> for EngineUrl {
             .filter(|u| u.scheme_str() == Some("http") && u.authority().is_some())
             .map(EngineUrl)
             .ok_or_else(|| format!("url {url:?} is not http://host:port"))
+    }
+}
+
+/// A ZeroMQ endpoint the batcher connects to, checked when read: `tcp://host:port`, the
+/// host an IP address (IPv6 in brackets) or a DNS name, the port 1–65535. `*` is refused:
+/// it is the engine's bind address, not one to connect to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct EventsEndpoint(String);
+
+impl EventsEndpoint {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for EventsEndpoint {
+    type Error = String;
+    fn try_from(endpoint: String) -> Result<EventsEndpoint, String> {
+        let bad = |why: &str| format!("endpoint {endpoint:?} is not tcp://host:port ({why})");
+        let rest = endpoint
+            .strip_prefix("tcp://")
+            .ok_or_else(|| bad("only tcp:// is supported"))?;
+        let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+        if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+            return Err(bad("the port must be 1-65535"));
+        }
+        let host_ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            v6.parse::<std::net::Ipv6Addr>().is_ok()
+        } else {
+            host.parse::<std::net::Ipv4Addr>().is_ok()
+                || (!host.is_empty()
+                    && host.len() <= 253
+                    && host.split('.').all(|label| {
+                        !label.is_empty()
+                            && label
+                                .bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                    }))
+        };
+        if host == "*" {
+            return Err(bad(
+                "`*` is the engine's bind address: name the engine's host",
+            ));
+        }
+        if !host_ok {
+            return Err(bad("the host must be an IP address or a DNS name"));
+        }
+        Ok(EventsEndpoint(endpoint))
+    }
+}
+
+/// `[kv_events]`: how the engines' KV cache event streams are read (docs/KV-EVENTS.md),
+/// for every replica with a `kv_events` endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvEventsSection {
+    /// The engines' block size in tokens (vLLM's `--block-size`: 16 on GPU by default,
+    /// 128 on CPU). Stores of another size are skipped and degrade the stream.
+    pub block_size: u32,
+    /// The cache tier that counts (`medium`): `GPU` is vLLM's own cache on any device;
+    /// offloaded tiers report their own.
+    pub main_medium: String,
+    /// The topic prefix subscribed to (vLLM's `topic`; empty: every message).
+    pub topic: String,
+    /// A stream with no message for longer than this is unhealthy, s. vLLM publishes only
+    /// when its cache changes: longer than an idle replica's quiet spells.
+    pub silence_s: u64,
+    /// Well-formed payloads (or stores of the right size) in a row that clear a problem.
+    pub recover_after: u32,
+    /// A sequence number at most this far below the next expected one is a repeat;
+    /// further below, the engine restarted.
+    pub duplicate_window: u64,
+    /// How long a replay may take before its gap counts as lost, ms.
+    pub replay_timeout_ms: u64,
+    /// Live messages held while a replay runs before its gap counts as lost.
+    pub max_held: usize,
+}
+
+impl Default for KvEventsSection {
+    fn default() -> Self {
+        let replica = cohort_kv_events::replica::ReplicaConfig::new(16);
+        KvEventsSection {
+            block_size: replica.block_size,
+            main_medium: replica.main_medium,
+            topic: String::new(),
+            silence_s: replica.health.silence.as_secs(),
+            recover_after: replica.health.recover_after,
+            duplicate_window: replica.sequence.duplicate_window,
+            replay_timeout_ms: replica.sequence.replay_timeout.as_millis() as u64,
+            max_held: replica.sequence.max_held,
+        }
+    }
+}
+
+impl KvEventsSection {
+    /// One replica stream's settings, as the `cohort-kv-events` crate takes them.
+    pub fn replica_config(&self) -> cohort_kv_events::replica::ReplicaConfig {
+        use cohort_kv_events::health::HealthConfig;
+        use cohort_kv_events::stream::SequenceConfig;
+        use std::time::Duration;
+        cohort_kv_events::replica::ReplicaConfig {
+            block_size: self.block_size,
+            main_medium: self.main_medium.clone(),
+            sequence: SequenceConfig {
+                duplicate_window: self.duplicate_window,
+                replay_timeout: Duration::from_millis(self.replay_timeout_ms),
+                max_held: self.max_held,
+            },
+            health: HealthConfig {
+                silence: Duration::from_secs(self.silence_s),
+                recover_after: self.recover_after,
+            },
+        }
     }
 }
 

@@ -52,6 +52,8 @@ pub enum ConfigError {
     Knobs(#[from] KnobPolicyError),
     #[error("picker.{0}")]
     Picker(String),
+    #[error("kv_events.{0}")]
+    KvEvents(String),
 }
 
 impl ServeConfig {
@@ -104,7 +106,38 @@ impl ServeConfig {
             }
         }
         self.validate_picker()?;
+        self.validate_kv_events()?;
         self.validate_front()
+    }
+
+    /// `[kv_events]` and the replicas' endpoints (each checked when read): a replay socket
+    /// only beside an events socket, and settings the streams can run with.
+    fn validate_kv_events(&self) -> Result<(), ConfigError> {
+        for replica in &self.replicas {
+            if replica.kv_events_replay.is_some() && replica.kv_events.is_none() {
+                return Err(ConfigError::ReplicaTarget {
+                    name: replica.name.clone(),
+                    problem: "kv_events_replay needs kv_events (the events socket)".into(),
+                });
+            }
+        }
+        let k = &self.kv_events;
+        let zero = [
+            ("block_size", k.block_size == 0),
+            ("silence_s", k.silence_s == 0),
+            ("recover_after", k.recover_after == 0),
+            ("replay_timeout_ms", k.replay_timeout_ms == 0),
+            ("max_held", k.max_held == 0),
+        ];
+        if let Some((name, _)) = zero.iter().find(|(_, is_zero)| *is_zero) {
+            return Err(ConfigError::KvEvents(format!("{name} must be at least 1")));
+        }
+        if k.main_medium.is_empty() {
+            return Err(ConfigError::KvEvents(
+                "main_medium must name a tier (vLLM's own cache is \"GPU\")".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// `[picker]`: a deadline of 1 ms to 10 s (the filter's bounds), and a filter

@@ -102,3 +102,190 @@ async fn nearest(State(state): State<InspectState>, Json(query): Json<NearestQue
     }))
     .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    //! A replica's KV events stream from socket to page: a publisher built like vLLM's (a
+    //! PUB socket, a ROUTER replay socket keeping every batch) sends the real vLLM
+    //! recording, the stream's task follows it, and `/metrics` and `/ui/api/state` show it.
+    use super::*;
+    use crate::config::{KvEventsSection, Replica, ServeConfig};
+    use crate::kv_events::{self, fixture};
+    use crate::metrics::{MetricSource, Metrics};
+    use serde_json::Value;
+    use std::time::{Duration, Instant};
+    use tokio::sync::watch;
+    use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+    fn message(frames: Vec<Vec<u8>>) -> ZmqMessage {
+        let mut frames = frames.into_iter();
+        let mut message = ZmqMessage::from(frames.next().unwrap());
+        for frame in frames {
+            message.push_back(frame.into());
+        }
+        message
+    }
+
+    /// vLLM's replay service: every kept message from the requested number on, then the
+    /// end marker, as `[identity, "", topic, seq, payload]` (vLLM ≥ 0.26).
+    async fn serve_replays(mut router: RouterSocket, kept: Vec<Vec<Vec<u8>>>) {
+        while let Ok(request) = router.recv().await {
+            let frames = request.into_vec();
+            let [identity, _, start] = &frames[..] else {
+                continue;
+            };
+            let start = u64::from_be_bytes(start[..].try_into().unwrap());
+            let end = vec![Vec::new(), u64::MAX.to_be_bytes().to_vec(), Vec::new()];
+            for kept in kept.iter().skip(start as usize).chain([&end]) {
+                let mut reply = vec![identity.to_vec(), Vec::new()];
+                reply.extend(kept.iter().cloned());
+                router.send(message(reply)).await.unwrap();
+            }
+        }
+    }
+
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "timed out: {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn page_has(metrics: &Metrics, line: &str) -> bool {
+        metrics.render().lines().any(|l| l == line)
+    }
+
+    #[tokio::test]
+    async fn a_stream_is_followed_replayed_and_shown_until_it_goes_silent() {
+        let mut publisher = PubSocket::new();
+        let endpoint = publisher.bind("tcp://127.0.0.1:0").await.unwrap();
+        let mut router = RouterSocket::new();
+        let replay_endpoint = router.bind("tcp://127.0.0.1:0").await.unwrap();
+        let recording = fixture::live_messages();
+        tokio::spawn(serve_replays(router, recording.clone()));
+
+        let with_topic = |topic: &str| {
+            let mut config = ServeConfig {
+                replicas: vec![Replica::named("r0"), Replica::named("r1")],
+                kv_events: KvEventsSection {
+                    block_size: 128,
+                    topic: topic.to_owned(),
+                    silence_s: 1,
+                    ..KvEventsSection::default()
+                },
+                ..ServeConfig::default()
+            };
+            config.replicas[0].kv_events = Some(endpoint.to_string().try_into().unwrap());
+            config.replicas[0].kv_events_replay =
+                Some(replay_endpoint.to_string().try_into().unwrap());
+            config
+        };
+        let clock = Clock::start();
+        let brain = Arc::new(Brain::new(&with_topic("kv"), clock));
+        // Another batcher subscribed to a topic the engine does not publish.
+        let elsewhere = Arc::new(kv_events::Streams::new(&with_topic("other"), clock));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut tasks = kv_events::spawn(brain.kv_events(), stop_rx.clone());
+        tasks.extend(kv_events::spawn(Arc::clone(&elsewhere), stop_rx));
+        let mut metrics = Metrics::default();
+        metrics.add(brain.kv_events() as Arc<dyn MetricSource>);
+        let inspect = InspectState {
+            brain: Arc::clone(&brain),
+            clock,
+            front: None,
+            ui_assets: None,
+        };
+        let shown = || async {
+            let Json(page) = state(State(inspect.clone())).await;
+            page["replicas"].as_array().unwrap().clone()
+        };
+        let view = || brain.kv_events().get("r0").unwrap().view(clock.now_ms());
+        // A PUB drops what it sends before a subscription reaches it: message 0 goes out
+        // until it is applied (a second copy that arrives reads as a restart, harmless).
+        let start = Instant::now();
+        while view().totals.applied == 0 {
+            assert!(start.elapsed() < Duration::from_secs(5), "never subscribed");
+            publisher.send(message(recording[0].clone())).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The rest of the recording goes out live but for message 3, which only the
+        // replay has.
+        for (seq, frames) in recording.iter().enumerate().skip(1) {
+            if seq != 3 {
+                publisher.send(message(frames.clone())).await.unwrap();
+            }
+        }
+        until("all nine applied", || view().totals.applied == 9).await;
+        let v = view();
+        assert!(v.totals.replays >= 1, "{v:?}");
+        assert_eq!((v.totals.gaps_lost, v.totals.malformed), (0, 0), "{v:?}");
+        assert!(v.healthy && v.complete, "{v:?}");
+        // After the reset, the last request's three full blocks.
+        assert_eq!(v.blocks_held, 3);
+        until("the metrics move", || {
+            page_has(
+                &metrics,
+                "cohort_kv_events_applied_total{replica=\"r0\"} 9.0",
+            ) && page_has(&metrics, "cohort_kv_events_blocks_held{replica=\"r0\"} 3.0")
+                && page_has(&metrics, "cohort_kv_events_healthy{replica=\"r0\"} 1.0")
+        })
+        .await;
+        let rows = shown().await;
+        let (r0, r1) = (&rows[0], &rows[1]);
+        assert_eq!(
+            (r0["name"].as_str(), r1["name"].as_str()),
+            (Some("r0"), Some("r1"))
+        );
+        assert_eq!(r0["kv_events"]["health"], "healthy", "{r0}");
+        assert_eq!(r0["kv_events"]["blocks_held"], 3, "{r0}");
+        assert_eq!(r0["kv_events"]["totals"]["applied"], 9, "{r0}");
+        assert_eq!(r0["kv_events"]["messages_seen"], true, "{r0}");
+        assert!(r0["kv_events"]["lag_s"].as_f64().unwrap() < 1.0, "{r0}");
+        assert_eq!(r1["kv_events"], Value::Null, "no stream configured: {r1}");
+        // The publisher goes quiet: past silence_s the stream is unhealthy, its lag grows.
+        until("silent", || !view().healthy).await;
+        assert_eq!(view().health, "degraded (silent)");
+        until("the gauge drops", || {
+            page_has(&metrics, "cohort_kv_events_healthy{replica=\"r0\"} 0.0")
+        })
+        .await;
+        let rows = shown().await;
+        let kv = &rows[0]["kv_events"];
+        assert_eq!(kv["healthy"], false, "{kv}");
+        assert!(kv["lag_s"].as_f64().unwrap() >= 1.0, "{kv}");
+        assert_eq!(kv["blocks_held"], 3, "the residency stays, degraded: {kv}");
+
+        // The engine restarts and publishes again (its sequence from 0): healthy again,
+        // the old residency dropped for the new one.
+        let restarts = view().totals.restarts;
+        publisher.send(message(recording[0].clone())).await.unwrap();
+        until("healthy again", || view().healthy).await;
+        let v = view();
+        assert_eq!(
+            (v.totals.restarts, v.blocks_held),
+            (restarts + 1, 3),
+            "{v:?}"
+        );
+        assert!(v.lag_s < 1.0, "{v:?}");
+
+        let other = elsewhere.get("r0").unwrap().view(clock.now_ms());
+        assert_eq!(
+            (other.totals.applied, other.messages_seen),
+            (0, false),
+            "another topic hears nothing, a second after the first message: {other:?}"
+        );
+
+        // The tasks end with the batcher.
+        stop_tx.send(true).unwrap();
+        for task in tasks {
+            tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .expect("the task stops")
+                .unwrap();
+        }
+    }
+}

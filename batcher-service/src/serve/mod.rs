@@ -4,7 +4,8 @@
 //! and cohorts). When the replicas have URLs, batch mode's HTTP front
 //! ([`crate::front`]) listens too, with one engine probe task per replica. With
 //! `[discovery]`, one task keeps the replica set from DNS and probes it
-//! ([`crate::discovery`]).
+//! ([`crate::discovery`]). Each replica with `kv_events` has a task following its KV
+//! cache events ([`crate::kv_events`]).
 //!
 //! With `[picker] listen`, the endpoint picker ([`picker`]) serves Envoy's ext_proc
 //! and gRPC health on its own port over the same brain.
@@ -102,6 +103,11 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             Arc::clone(&brain) as _,
             stop_rx.clone(),
         ));
+    }
+    let kv_events = brain.kv_events();
+    if !kv_events.is_empty() {
+        metrics.add(Arc::clone(&kv_events) as _);
+        front_tasks.extend(crate::kv_events::spawn(kv_events, stop_rx.clone()));
     }
     let front = front.map(|(front, fleet, listener)| {
         metrics.add(Arc::clone(&front) as _);

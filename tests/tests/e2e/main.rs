@@ -27,6 +27,7 @@ mod holdout_report;
 mod inspector_ui;
 mod istio_manifests;
 mod knob_table;
+mod kv_events;
 mod mesh_rehearsal;
 mod response_stats;
 mod rollout_breaker;

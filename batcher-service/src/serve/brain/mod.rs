@@ -161,6 +161,9 @@ pub struct Brain {
     cost_model: cohort_score::cost::CostModel,
     /// The operator's knob defaults and bounds ([`Brain::knobs`]).
     knob_policy: KnobPolicy,
+    /// The replicas' KV events streams (`[[replicas]] kv_events`): shown in the Replicas
+    /// panel; decisions use the modelled residency.
+    kv_events: Arc<crate::kv_events::Streams>,
 }
 
 impl crate::discovery::Replicas for Brain {
@@ -310,7 +313,13 @@ impl Brain {
             costs: Mutex::new(std::collections::HashMap::new()),
             cost_model: config.cost,
             knob_policy: config.knobs.clone(),
+            kv_events: Arc::new(crate::kv_events::Streams::new(config, clock)),
         }
+    }
+
+    /// The replicas' KV events streams, for their tasks and `/metrics`.
+    pub fn kv_events(&self) -> Arc<crate::kv_events::Streams> {
+        Arc::clone(&self.kv_events)
     }
 
     /// The knobs a request acts with: the filter's values (a request that carried none gets

@@ -59,8 +59,9 @@ impl Brain {
     /// or discovered), in slot order, with its health and last probe, its requests in
     /// flight (Assign tickets not ended), its share of the Assigns of the last minute, its
     /// time to first byte (p50/p95 of the filter's recent reports), and the prefix blocks
-    /// the policy counts as held on it now. `kv_events` is `null`: no engine's KV cache
-    /// events are consumed.
+    /// the policy counts as held on it now. `kv_events` is its KV events stream's
+    /// snapshot ([`crate::kv_events::state::View`]: health, blocks held, lag, counters), or
+    /// `null` for a replica without one.
     pub fn replicas_state(&self, now_ms: u64) -> serde_json::Value {
         let (snapshot, capacity) = {
             let policy = lock(&self.policy);
@@ -105,7 +106,7 @@ impl Brain {
                 })),
                 "blocks_resident": resident,
                 "blocks_capacity": capacity,
-                "kv_events": serde_json::Value::Null,
+                "kv_events": self.kv_events.get(&member.name).map(|s| s.view(now_ms)),
             })
         });
         serde_json::Value::Array(rows.collect())
