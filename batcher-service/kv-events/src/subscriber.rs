@@ -3,7 +3,8 @@
 //! a timer, all feeding one [`ReplicaEvents`].
 //!
 //! The socket code only moves frames: [`crate::frames`] reads them, [`ReplicaEvents`]
-//! decides. The residency sits behind a mutex the router reads
+//! decides. A replay request is bounded by [`REPLAY_REQUEST_TIMEOUT`], so a replay socket
+//! that is down costs the gap, never the live stream. The residency sits behind a mutex the router reads
 //! ([`ReplicaEvents::residency`]); the lock is held only while one message is applied,
 //! never across an await. Each [`Outcome`] goes to the caller's `notify` (health changes and
 //! resets, to count and log). The `zeromq` crate is pure Rust on tokio, so the batcher's
@@ -16,6 +17,10 @@ use std::future::pending;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+/// The longest a replay request (connecting the DEALER, sending) may hold the live stream:
+/// past it the gap is lost (the residency dropped) and the stream goes on.
+pub const REPLAY_REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Where one replica publishes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,7 +135,18 @@ pub async fn run(
         };
         notify_if_any(&mut notify, &outcome);
         if let Some(from) = outcome.replay_from {
-            if !request_replay(config, &mut dealer, from).await {
+            // Bounded: the live stream waits for nothing longer than this (an engine whose
+            // replay socket is down would otherwise hold it for zeromq's connect timeout).
+            let asked = tokio::time::timeout(
+                REPLAY_REQUEST_TIMEOUT,
+                request_replay(config, &mut dealer, from),
+            )
+            .await;
+            let sent = asked.unwrap_or_else(|_| {
+                dealer = None;
+                false
+            });
+            if !sent {
                 lock(&counters).replay_failures += 1;
                 let lost = lock(&replica).replay_unavailable();
                 notify_if_any(&mut notify, &lost);

@@ -169,3 +169,43 @@ async fn a_held_back_batch_is_replayed_and_a_restart_drops_the_residency() {
         .any(|o| o.resets.contains(&ResetReason::Restart)));
     assert_eq!(*counters.lock().unwrap(), FrameCounters::default());
 }
+
+#[tokio::test]
+async fn a_replay_socket_that_is_down_loses_the_gap_without_holding_the_stream() {
+    let mut publisher = PubSocket::new();
+    let endpoint = publisher.bind("tcp://127.0.0.1:0").await.unwrap();
+    // Nothing listens there: zeromq would keep trying to connect for 30 s.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let replay_endpoint = format!("tcp://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let replica = Arc::new(Mutex::new(ReplicaEvents::new(
+        &ReplicaConfig::new(BS),
+        Instant::now(),
+    )));
+    let counters = Arc::new(Mutex::new(FrameCounters::default()));
+    let config = SubscriberConfig {
+        endpoint: endpoint.to_string(),
+        replay_endpoint: Some(replay_endpoint),
+        topic: String::new(),
+        tick: Duration::from_millis(50),
+    };
+    {
+        let (replica, counters) = (replica.clone(), counters.clone());
+        tokio::spawn(async move { run(&config, replica, counters, |_| {}).await });
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    // Batch 1 never comes: the gap asks the (dead) replay socket.
+    for seq in [0u64, 2, 3] {
+        let frames = vec![Vec::new(), seq.to_be_bytes().to_vec(), store(seq as u32)];
+        publisher.send(message(frames)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    until(&replica, |r| r.counters().gaps_lost >= 1 && hit(r, 3) == 2).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the live stream waited {:?}",
+        started.elapsed()
+    );
+    assert!(counters.lock().unwrap().replay_failures >= 1);
+}
