@@ -14,7 +14,9 @@
 //! - [`health`]: whether a stream can be trusted, and why not;
 //! - [`replica`]: the four composed for one replica's stream;
 //! - `subscriber` (feature `subscriber`): the ZeroMQ SUB and replay DEALER sockets feeding
-//!   a [`replica::ReplicaEvents`], on tokio with the pure-Rust `zeromq` crate.
+//!   a [`replica::ReplicaEvents`], on tokio with the pure-Rust `zeromq` crate;
+//! - `testing` (feature `testing`): the real vLLM recording kept here, and a vLLM-like
+//!   replay service, for the tests of the crates that follow KV events.
 //!
 //! The wire format, the keying, which KV cache groups count, the replay rules and the
 //! measured memory and speed are in docs/KV-EVENTS.md.
@@ -27,3 +29,5 @@ pub mod residency;
 pub mod stream;
 #[cfg(feature = "subscriber")]
 pub mod subscriber;
+#[cfg(feature = "testing")]
+pub mod testing;

@@ -4,7 +4,7 @@
 //! residency. Both sides use the pure-Rust `zeromq` crate; pyzmq is not in this
 //! repository's Python environment, so the test against vLLM's own publisher runs with the
 //! vLLM fleet.
-#![cfg(feature = "subscriber")]
+#![cfg(all(feature = "subscriber", feature = "testing"))]
 
 mod common;
 
@@ -12,10 +12,11 @@ use cohort_kv_events::replica::{Outcome, ReplicaConfig, ReplicaEvents};
 use cohort_kv_events::residency::prefix_keys;
 use cohort_kv_events::stream::ResetReason;
 use cohort_kv_events::subscriber::{run, FrameCounters, SubscriberConfig};
+use cohort_kv_events::testing::zmq_message as message;
 use common::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend};
 
 const BS: u32 = 4;
 
@@ -32,15 +33,6 @@ fn store(i: u32) -> Vec<u8> {
         &prompt(i),
         BS,
     )])
-}
-
-fn message(frames: Vec<Vec<u8>>) -> ZmqMessage {
-    let mut frames = frames.into_iter();
-    let mut message = ZmqMessage::from(frames.next().unwrap());
-    for frame in frames {
-        message.push_back(frame.into());
-    }
-    message
 }
 
 type Buffer = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;

@@ -8,42 +8,16 @@
 //! blocks are held after it is stored, gone once evicted, held again when stored again; the
 //! reset drops everything; a gap is filled from the real replay socket's answer to the same
 //! residency; a restart drops the residency.
+#![cfg(feature = "testing")]
 
 use cohort_kv_events::decode::{decode, KvEvent};
 use cohort_kv_events::frames;
 use cohort_kv_events::replica::{ReplicaConfig, ReplicaEvents};
 use cohort_kv_events::residency::prefix_keys;
-use std::path::PathBuf;
+use cohort_kv_events::testing::recording as messages;
 use std::time::Instant;
 
 const BLOCK_SIZE: u32 = 128;
-
-/// The messages of a recording file: each line `{"frames": ["hex", …]}`.
-fn messages(name: &str) -> Vec<Vec<Vec<u8>>> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/vllm")
-        .join(name);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    text.lines()
-        .map(|line| {
-            let inner = line
-                .split_once('[')
-                .and_then(|(_, rest)| rest.rsplit_once(']'))
-                .map(|(inner, _)| inner)
-                .expect("a frames array");
-            inner
-                .split(',')
-                .map(|hex| {
-                    let hex = hex.trim().trim_matches('"');
-                    (0..hex.len())
-                        .step_by(2)
-                        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-                        .collect()
-                })
-                .collect()
-        })
-        .collect()
-}
 
 /// The live messages as (seq, payload).
 fn live(name: &str) -> Vec<(u64, Vec<u8>)> {

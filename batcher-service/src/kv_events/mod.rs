@@ -316,9 +316,6 @@ impl MetricSource for Streams {
 }
 
 #[cfg(test)]
-pub(crate) mod fixture;
-
-#[cfg(test)]
 mod tests {
     //! Every `[kv_events]` setting changes what a stream does, shown on the real vLLM
     //! recording (block size 128, tier `GPU`) through the settings the section gives the
@@ -344,7 +341,10 @@ mod tests {
     fn replayed(section: &KvEventsSection) -> ReplicaEvents {
         let start = Instant::now();
         let mut r = replica(section, start);
-        for (seq, payload) in fixture::payloads().into_iter().enumerate() {
+        for (seq, payload) in cohort_kv_events::testing::live_payloads()
+            .into_iter()
+            .enumerate()
+        {
             r.on_live(seq as u64, payload, start);
         }
         r
@@ -473,7 +473,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_is_silent_while_its_engine_is_unreachable_and_follows_it_once_up() {
-        use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
+        use zeromq::{PubSocket, Socket, SocketSend};
         // A port nothing listens on yet.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -509,11 +509,9 @@ mod tests {
         // The engine comes up and publishes: followed, healthy again.
         let mut publisher = PubSocket::new();
         publisher.bind(&endpoint).await.unwrap();
-        let mut frames = fixture::live_messages().remove(0).into_iter();
-        let mut first = ZmqMessage::from(frames.next().unwrap());
-        for frame in frames {
-            first.push_back(frame.into());
-        }
+        let first = cohort_kv_events::testing::zmq_message(
+            cohort_kv_events::testing::recording("stream.jsonl").remove(0),
+        );
         while view().totals.applied == 0 {
             assert!(Instant::now() < deadline, "never followed: {:?}", view());
             publisher.send(first.clone()).await.unwrap();
@@ -551,7 +549,7 @@ mod tests {
         assert!(!view.messages_seen);
         assert!(view.lag_s >= 4.9, "{view:?}");
         // A message applied: the next tick (or read) dates it.
-        let payload = fixture::payloads().remove(0);
+        let payload = cohort_kv_events::testing::live_payloads().remove(0);
         lock(&stream.replica).on_live(0, payload, Instant::now());
         assert!(stream.tick(Instant::now(), 5_000).health.is_none());
         let view = stream.view(5_300);

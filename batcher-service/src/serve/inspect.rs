@@ -110,39 +110,13 @@ mod tests {
     //! recording, the stream's task follows it, and `/metrics` and `/ui/api/state` show it.
     use super::*;
     use crate::config::{KvEventsSection, Replica, ServeConfig};
-    use crate::kv_events::{self, fixture};
+    use crate::kv_events;
     use crate::metrics::{MetricSource, Metrics};
+    use cohort_kv_events::testing::{recording, serve_replays, zmq_message as message};
     use serde_json::Value;
     use std::time::{Duration, Instant};
     use tokio::sync::watch;
-    use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
-
-    fn message(frames: Vec<Vec<u8>>) -> ZmqMessage {
-        let mut frames = frames.into_iter();
-        let mut message = ZmqMessage::from(frames.next().unwrap());
-        for frame in frames {
-            message.push_back(frame.into());
-        }
-        message
-    }
-
-    /// vLLM's replay service: every kept message from the requested number on, then the
-    /// end marker, as `[identity, "", topic, seq, payload]` (vLLM ≥ 0.26).
-    async fn serve_replays(mut router: RouterSocket, kept: Vec<Vec<Vec<u8>>>) {
-        while let Ok(request) = router.recv().await {
-            let frames = request.into_vec();
-            let [identity, _, start] = &frames[..] else {
-                continue;
-            };
-            let start = u64::from_be_bytes(start[..].try_into().unwrap());
-            let end = vec![Vec::new(), u64::MAX.to_be_bytes().to_vec(), Vec::new()];
-            for kept in kept.iter().skip(start as usize).chain([&end]) {
-                let mut reply = vec![identity.to_vec(), Vec::new()];
-                reply.extend(kept.iter().cloned());
-                router.send(message(reply)).await.unwrap();
-            }
-        }
-    }
+    use zeromq::{PubSocket, RouterSocket, Socket, SocketSend};
 
     async fn until(what: &str, done: impl Fn() -> bool) {
         let start = Instant::now();
@@ -165,7 +139,7 @@ mod tests {
         let endpoint = publisher.bind("tcp://127.0.0.1:0").await.unwrap();
         let mut router = RouterSocket::new();
         let replay_endpoint = router.bind("tcp://127.0.0.1:0").await.unwrap();
-        let recording = fixture::live_messages();
+        let recording = recording("stream.jsonl");
         tokio::spawn(serve_replays(router, recording.clone()));
 
         let with_topic = |topic: &str| {

@@ -6,62 +6,12 @@
 //! is replayed; `/metrics` and `/ui/api/state` show the stream; a publisher that goes
 //! silent turns it unhealthy, logged once.
 
+use cohort_kv_events::testing::{recording as recorded, serve_replays, zmq_message as message};
 use cohort_tests::batcher::{Batcher, BatcherSpec};
 use cohort_tests::{client, free_port};
 use serde_json::Value;
 use std::time::{Duration, Instant};
-use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
-
-/// The recording's live messages, each `[topic, seq, payload]`.
-fn recording() -> Vec<Vec<Vec<u8>>> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../batcher-service/kv-events/tests/fixtures/vllm/stream.jsonl"
-    );
-    let text = std::fs::read_to_string(path).unwrap();
-    let hex = |text: &str| -> Vec<u8> {
-        (0..text.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
-            .collect()
-    };
-    text.lines()
-        .map(|line| {
-            let record: Value = serde_json::from_str(line).unwrap();
-            let frames = record["frames"].as_array().unwrap();
-            frames.iter().map(|f| hex(f.as_str().unwrap())).collect()
-        })
-        .collect()
-}
-
-fn message(frames: Vec<Vec<u8>>) -> ZmqMessage {
-    let mut frames = frames.into_iter();
-    let mut message = ZmqMessage::from(frames.next().unwrap());
-    for frame in frames {
-        message.push_back(frame.into());
-    }
-    message
-}
-
-/// vLLM's replay service: every kept message from the requested number on, then the end
-/// marker, as `[identity, "", topic, seq, payload]`.
-async fn serve_replays(mut router: RouterSocket, kept: Vec<Vec<Vec<u8>>>) {
-    while let Ok(request) = router.recv().await {
-        let frames = request.into_vec();
-        let [identity, _, start] = &frames[..] else {
-            continue;
-        };
-        let start = u64::from_be_bytes(start[..].try_into().unwrap());
-        let end = vec![Vec::new(), u64::MAX.to_be_bytes().to_vec(), Vec::new()];
-        for kept in kept.iter().skip(start as usize).chain([&end]) {
-            let mut reply = vec![identity.to_vec(), Vec::new()];
-            reply.extend(kept.iter().cloned());
-            if router.send(message(reply)).await.is_err() {
-                return;
-            }
-        }
-    }
-}
+use zeromq::{PubSocket, RouterSocket, Socket, SocketSend};
 
 fn wait(what: &str, batcher: &Batcher, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -87,7 +37,7 @@ fn replicas(batcher: &Batcher) -> Vec<Value> {
 #[test]
 fn cohort_serve_follows_a_replicas_kv_events_and_shows_them() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let recording = recording();
+    let recording = recorded("stream.jsonl");
     let (mut publisher, endpoint, replay_endpoint) = runtime.block_on(async {
         let mut publisher = PubSocket::new();
         let endpoint = publisher.bind("tcp://127.0.0.1:0").await.unwrap();
