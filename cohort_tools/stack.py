@@ -71,6 +71,28 @@ def free_port():
     raise SystemExit(f"no free loopback port between {_LOWEST_PORT} and {ephemeral_low}")
 
 
+def free_port_run(count):
+    """The first of `count` consecutive TCP ports free on loopback (for a server that binds
+    BASE, BASE + 1, …, as `cohort engine-sim serve --kv-events-port BASE` does)."""
+    for _ in range(200):
+        base = free_port()
+        if base + count >= _ephemeral_low():
+            continue
+        free = True
+        for port in range(base + 1, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    free = False
+                    break
+        if free:
+            for _ in range(count - 1):
+                next(_next_port)  # this process's later free_port() calls skip the run
+            return base
+    raise SystemExit(f"no {count} consecutive free loopback ports")
+
+
 class PortTaken(SystemExit):
     """A child exited because a port picked for it was taken before it could bind it."""
 
@@ -219,12 +241,14 @@ def start_envoy_on_free_ports(workdir, label, make_config, workers=None):
 
 
 def start_cohort(workdir, replica_ports, prefix="cohort", front=True, extra_args=(), replica_spec="", binary=None,
-                 picker=False):
+                 picker=False, replica_flag=True):
     """Starts `cohort serve` (`binary`, else COHORT) with replicas
     replica-0..N-1 at the given ports and, with `front`, batch mode's HTTP front; with
     `picker`, its endpoint picker (Envoy ext_proc) on ports["picker"].
     `replica_spec` is the engine adapter prefix of each replica's URL ("vllm+"; "" =
-    llama.cpp). Waits for /readyz (again on other ports while one is taken).
+    llama.cpp). Without `replica_flag` no `--replica` is passed: the replicas are the
+    `[[replicas]]` of the config file in `extra_args` (a flag would replace them).
+    Waits for /readyz (again on other ports while one is taken).
     Returns (proc, {"grpc": p, "http": p, "front": p or None, "picker": p or None})."""
     replicas = ",".join(f"replica-{i}={replica_spec}http://127.0.0.1:{p}" for i, p in enumerate(replica_ports))
     env = dict(os.environ)
@@ -235,8 +259,9 @@ def start_cohort(workdir, replica_ports, prefix="cohort", front=True, extra_args
         # Replicas with URLs turn the front on; without --front-listen it would take its default
         # 0.0.0.0:8000. It always gets a free loopback port; without `front` nothing routes to it.
         args = [binary or COHORT, "serve", "--grpc-listen", f"127.0.0.1:{ports['grpc']}",
-                "--http-listen", f"127.0.0.1:{ports['http']}", "--replica", replicas,
-                "--front-listen", f"127.0.0.1:{ports['front']}"]
+                "--http-listen", f"127.0.0.1:{ports['http']}", "--front-listen", f"127.0.0.1:{ports['front']}"]
+        if replica_flag:
+            args += ["--replica", replicas]
         if not front:
             ports["front"] = None
         ports["picker"] = None

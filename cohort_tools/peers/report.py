@@ -40,8 +40,19 @@ present (cohort-affinity, cohort-assign, cohort-batch, cohort-epp):
 - batch mode (step arrivals): cohort-batch's TTFT p95 within +-10% of its first hold's
   across the holds (value: the largest |p95_i / p95_L1 - 1|), while envoy-rr's at least
   doubles (value: max p95_i / p95_L1).
+- exact residency (cohort-epp-events, the picker following the engines' KV events): hit
+  ratio / sglang-cache-aware's >= 1.1 and hit ratio / cohort-epp's (the same picker on its
+  modelled residency) >= 1.0, without the load condition (the cache-pressure preset's goal
+  rows). On real vLLM engines (engine "vllm") these two are the only rows of the sglang and
+  pooled kind; instead, for each Cohort contender: cached tokens / envoy-rr's >= 1.3 (the
+  engines' prefix-cache hit tokens, the same request list for all), TTFT p50 and p95 /
+  envoy-rr's < 1.
 A goal whose baseline is missing (no pooled bound, no envoy-rr or sglang run in the group)
-is listed as N/A. Python 3 stdlib; matplotlib only for the plots, imported lazily.
+is listed as N/A.
+
+Under each group's table a ratios table puts every contender against round-robin,
+sglang-cache-aware and cohort-epp (the modelled residency) on hits and TTFT.
+Python 3 stdlib; matplotlib only for the plots, imported lazily.
 """
 import json
 import math
@@ -63,11 +74,14 @@ CONTENDERS = [
     "cohort-assign",
     "cohort-batch",
     "cohort-epp",
+    "cohort-epp-events",
 ]
-COHORT = ["cohort-affinity", "cohort-assign", "cohort-batch", "cohort-epp"]
+COHORT = ["cohort-affinity", "cohort-assign", "cohort-batch", "cohort-epp", "cohort-epp-events"]
 RR = "envoy-rr"
 SGLANG = "sglang-cache-aware"
 BATCH = "cohort-batch"
+MODELLED = "cohort-epp"
+EVENTS = "cohort-epp-events"
 
 POOLED_MIN = 0.99
 SGLANG_HIT_MIN = 1.1
@@ -77,6 +91,10 @@ SGLANG_TTFT_MAX = 0.8
 STEP_SPREAD_MAX = 0.10
 RR_STEP_GROWTH_MIN = 2.0
 DEFAULT_WINDOW_S = 10.0
+EVENTS_SGLANG_HIT_MIN = 1.1
+EVENTS_MODELLED_HIT_MIN = 1.0
+VLLM_RR_CACHED_MIN = 1.3
+VLLM_RR_TTFT_BELOW = 1.0
 
 
 def _ok(rec):
@@ -168,6 +186,7 @@ def summarise(run):
         "replicas": run.get("replicas"),
         "engine": run.get("engine"),
         "calibration": run.get("calibration"),
+        "fleet": run.get("fleet"),
         "duration_s": duration,
         "window_s": window_s(run),
         "n": len(recs),
@@ -178,6 +197,7 @@ def summarise(run):
         "hit_source": source,
         "prompt_tokens": prompt,
         "hit_tokens": hit,
+        "usage_cached_tokens": u_hit,
         "computed_prompt_tokens": prompt - hit,
         "pooled_bound": pooled,
         "vs_pooled": hit_ratio / pooled if hit_ratio is not None and pooled else None,
@@ -239,6 +259,10 @@ def goals(summaries):
     for key in sorted(groups):
         by = groups[key]
         rr, sg = by.get(RR), by.get(SGLANG)
+        rows += _events_goals(key, by)
+        if key[3] == "vllm":
+            rows += _vllm_goals(key, by)
+            continue
         for c in COHORT:
             s = by.get(c)
             if s is None:
@@ -332,6 +356,61 @@ def goals(summaries):
     return rows
 
 
+def _events_goals(key, by):
+    """The exact-residency rows: cohort-epp-events against sglang-cache-aware and cohort-epp."""
+    s = by.get(EVENTS)
+    if s is None:
+        return []
+    rows = []
+    for goal, base_name, target in (("exact residency: hit ratio vs sglang-cache-aware", SGLANG, EVENTS_SGLANG_HIT_MIN),
+                                    ("exact residency: hit ratio vs modelled (cohort-epp)", MODELLED,
+                                     EVENTS_MODELLED_HIT_MIN)):
+        base = by.get(base_name)
+        v = _ratio(s["hit_ratio"], base and base["hit_ratio"])
+        rows.append(_row(goal, key, EVENTS, v, f">= {target}", v is not None and v >= target,
+                         f"hit {_fmt(s['hit_ratio'])} / {_fmt(base['hit_ratio'])}" if base else f"no {base_name} run"))
+    return rows
+
+
+def _vllm_goals(key, by):
+    """The real vLLM fleet's rows: cached tokens and TTFT p50/p95 against round-robin's."""
+    rr = by.get(RR)
+    rows = []
+    for c in COHORT:
+        s = by.get(c)
+        if s is None:
+            continue
+        v = _ratio(s["hit_tokens"], rr and rr["hit_tokens"])
+        rows.append(_row("cached tokens vs round-robin", key, c, v, f">= {VLLM_RR_CACHED_MIN}",
+                         v is not None and v >= VLLM_RR_CACHED_MIN,
+                         f"{s['hit_tokens']:.0f} / {rr['hit_tokens']:.0f} tokens" if rr else "no envoy-rr run"))
+        for q in ("p50", "p95"):
+            v = _ratio(s[f"ttft_{q}"], rr and rr[f"ttft_{q}"])
+            rows.append(_row(f"TTFT {q} vs round-robin", key, c, v, f"< {VLLM_RR_TTFT_BELOW}",
+                             v is not None and v < VLLM_RR_TTFT_BELOW,
+                             f"{_fmt(s[f'ttft_{q}'], 1)} / {_fmt(rr[f'ttft_{q}'], 1)} ms" if rr else "no envoy-rr run"))
+    return rows
+
+
+def ratios(ss):
+    """Per contender of one group: its hits and TTFT against round-robin's, sglang-router's and
+    the modelled picker's (cohort-epp) in the same group; None where a baseline is missing."""
+    by = {s["contender"]: s for s in ss}
+    rr, sg, mod = by.get(RR), by.get(SGLANG), by.get(MODELLED)
+    out = {}
+    for s in ss:
+        out[s["contender"]] = {
+            "hit_vs_sglang": _ratio(s["hit_ratio"], sg and sg["hit_ratio"]),
+            "hit_vs_modelled": _ratio(s["hit_ratio"], mod and mod["hit_ratio"]),
+            "cached_vs_rr": _ratio(s["hit_tokens"], rr and rr["hit_tokens"]),
+            "ttft_p50_vs_rr": _ratio(s["ttft_p50"], rr and rr["ttft_p50"]),
+            "ttft_p90_vs_rr": _ratio(s["ttft_p90"], rr and rr["ttft_p90"]),
+            "ttft_p95_vs_rr": _ratio(s["ttft_p95"], rr and rr["ttft_p95"]),
+            "ttft_p90_vs_sglang": _ratio(s["ttft_p90"], sg and sg["ttft_p90"]),
+        }
+    return out
+
+
 def _fmt(x, digits=3):
     if x is None:
         return "–"
@@ -378,6 +457,19 @@ def markdown(runs, summaries=None):
                 f"| {_fmt(s['output_tok_per_s'], 1)} | {_fmt(s['load_max_mean_windowed'], 2)} / "
                 f"{_fmt(s['load_max_mean_run'], 2)} | {_fmt(s['added_ms'], 2)} |"
             )
+        if len(ss) > 1:
+            rt = ratios(ss)
+            out.append("\n| contender | hit ÷ pooled | hit ÷ sglang | hit ÷ modelled (cohort-epp) | cached tok "
+                       "(engine / usage) | cached ÷ rr | TTFT p50 ÷ rr | p90 ÷ rr | p95 ÷ rr | p90 ÷ sglang |")
+            out.append("|---|---|---|---|---|---|---|---|---|---|")
+            for s in ss:
+                r = rt[s["contender"]]
+                out.append(
+                    f"| {s['contender']} | {_fmt(s['vs_pooled'])} | {_fmt(r['hit_vs_sglang'])} "
+                    f"| {_fmt(r['hit_vs_modelled'])} | {s['hit_tokens']:.0f} / {s['usage_cached_tokens']:.0f} "
+                    f"| {_fmt(r['cached_vs_rr'])} | {_fmt(r['ttft_p50_vs_rr'])} | {_fmt(r['ttft_p90_vs_rr'])} "
+                    f"| {_fmt(r['ttft_p95_vs_rr'])} | {_fmt(r['ttft_p90_vs_sglang'])} |"
+                )
         labels = sorted({k for s in ss for k in s["steps"] if "/" not in k}, key=_step_order)
         if labels:
             out.append("\nTTFT p95 (ms) per load step (holds):\n")
@@ -393,6 +485,11 @@ def markdown(runs, summaries=None):
         for cal, names in cals.items():
             who = "all contenders" if len(names) == len(ss) else ", ".join(names)
             out.append(f"\nEngine calibration ({who}): `{cal}`")
+        fleets = [(s["contender"], s["fleet"]) for s in ss if s.get("fleet")]
+        if fleets:
+            first = {k: v for k, v in fleets[0][1].items() if k != "memory_mib"}
+            out.append(f"\nvLLM fleet: `{json.dumps(first, sort_keys=True)}`; resident memory per replica after "
+                       "each run, MiB: " + "; ".join(f"{c} {f.get('memory_mib')}" for c, f in fleets))
         out.append("")
     rows = goals(summaries)
     out.append("## Goals\n")

