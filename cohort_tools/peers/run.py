@@ -76,12 +76,12 @@ _TEMPLATED = dict(arrival="poisson", rate=12.0, time_scale=1.0, engine_time_scal
                   max_tokens=16, kv_blocks=512)
 # Templated app under cache pressure: 128 blocks (2,048 tokens) per replica. The twelve apps'
 # prompts are 657-1,902 tokens (42-119 blocks), so a replica holds one or two of them and
-# evicts whenever a third app arrives. The pooled bound (`cohort engine-sim bound` over the
-# 20 s, 215-request list of seed 1) is 0.694 with 4 x 128 blocks against 0.914 with room for
-# every prompt (4 x 256 or more), and one replica's cache alone reaches 0.263: which replica
+# evicts whenever a third app arrives. Over the preset's 325 requests (30 s at 12 req/s, seed
+# 1) `cohort engine-sim bound` gives 0.700 for one cache of 4 x 128 blocks against 0.933 with
+# room for every prompt (4 x 256), and 0.242 for one replica's 128 blocks alone: which replica
 # holds which app decides the hits. Engines x 0.05 (half the full preset's costs) because far
-# more tokens are computed than at 512 blocks: round-robin runs the replicas at about 70% of
-# their prefill capacity. 30 s of arrivals (about 330 requests) for many evictions per replica.
+# more tokens are computed than at 512 blocks: round-robin (hit ratio 0.25) computes 270,000
+# prompt tokens in the 30 s, about 63% of four replicas' prefill capacity.
 _PRESSURE = dict(_TEMPLATED, kv_blocks=128, engine_time_scale=0.05, duration=30.0)
 # The vLLM fleet: 2 vLLM CPU replicas on the 2-core box (cohort_tools/peers/vllm_fleet.py), one
 # core each. 40 requests of templated-app at 1 req/s, prompts at half their length (330-950
