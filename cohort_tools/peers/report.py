@@ -187,6 +187,7 @@ def summarise(run):
         "engine": run.get("engine"),
         "calibration": run.get("calibration"),
         "fleet": run.get("fleet"),
+        "kv_events": run.get("kv_events") or {},
         "duration_s": duration,
         "window_s": window_s(run),
         "n": len(recs),
@@ -485,6 +486,16 @@ def markdown(runs, summaries=None):
         for cal, names in cals.items():
             who = "all contenders" if len(names) == len(ss) else ", ".join(names)
             out.append(f"\nEngine calibration ({who}): `{cal}`")
+        for s in ss:
+            if s.get("kv_events"):
+                cells = []
+                for replica, m in sorted(s["kv_events"].items()):
+                    state = "healthy" if m.get("healthy") else "DEGRADED"
+                    state += "" if m.get("complete", 1) else ", incomplete"
+                    cells.append(f"{replica} {state}, {m.get('blocks_held', 0):.0f} blocks held, "
+                                 f"{m.get('applied_total', 0):.0f} batches, {m.get('replays_total', 0):.0f} replays, "
+                                 f"{m.get('gaps_lost_total', 0):.0f} gaps lost")
+                out.append(f"\nKV events at the end of {s['contender']}'s run: " + "; ".join(cells))
         fleets = [(s["contender"], s["fleet"]) for s in ss if s.get("fleet")]
         if fleets:
             first = {k: v for k, v in fleets[0][1].items() if k != "memory_mib"}

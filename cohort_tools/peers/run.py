@@ -301,8 +301,32 @@ def run_one(args, engine, workload, requests, count, contender, workdir, calibra
     return {"contender": contender, "replicas": count, "workload": workload, "arrival": config["arrival"],
             "engine": engine, "calibration": calibration, "pooled_bound": bound, "duration_s": wall,
             "settings": config, "seed": args.seed, "records": records, "engine_metrics": metrics,
-            "router_stats": router_stats,
+            "router_stats": router_stats, "kv_events": kv_events_stats(router_stats["metrics"]),
             "fleet": dict(fleet.describe(), memory_mib=fleet.memory_mib()) if fleet is not None else None}
+
+
+KV_EVENTS_METRICS = ("blocks_held", "healthy", "complete", "applied_total", "replays_total", "gaps_lost_total",
+                     "restarts_total", "malformed_total")
+
+
+def kv_events_stats(page):
+    """Per replica, `cohort serve`'s KV events stream at the end of a run (`cohort_kv_events_*`
+    of its /metrics page): blocks held, healthy, complete, batches applied, replays, lost gaps,
+    restarts, malformed payloads. {} when the page has none (a contender without events)."""
+    out = {}
+    for line in page.splitlines():
+        if not line.startswith("cohort_kv_events_"):
+            continue
+        series, _, value = line.rpartition(" ")
+        name, _, labels = series[len("cohort_kv_events_"):].partition("{")
+        if name not in KV_EVENTS_METRICS or 'replica="' not in labels:
+            continue
+        replica = labels.split('replica="', 1)[1].split('"', 1)[0]
+        try:
+            out.setdefault(replica, {})[name] = float(value)
+        except ValueError:
+            pass
+    return out
 
 
 def router_pages(router):

@@ -485,6 +485,20 @@ class EventsAndFleetTests(unittest.TestCase):
         with self.assertRaises(SystemExit):
             contenders.picker_toml(None, [1, 2], "", vllm)
 
+    def test_kv_events_stats_and_line(self):
+        page = ('# HELP cohort_kv_events_blocks_held x\ncohort_kv_events_blocks_held{replica="replica-0"} 128.0\n'
+                'cohort_kv_events_healthy{replica="replica-0"} 1.0\ncohort_kv_events_complete{replica="replica-0"} 0\n'
+                'cohort_kv_events_applied_total{replica="replica-0"} 9.0\n'
+                'cohort_kv_events_skipped_blocks_total{replica="replica-0",reason="orphan"} 3.0\n'
+                'cohort_assign_total 5\n')
+        stats = run.kv_events_stats(page)
+        self.assertEqual(stats, {"replica-0": {"blocks_held": 128.0, "healthy": 1.0, "complete": 0.0,
+                                               "applied_total": 9.0}})
+        self.assertEqual(run.kv_events_stats(""), {})
+        md = report.markdown([synthetic_run(contender="cohort-epp-events", kv_events=stats)])
+        self.assertIn("KV events at the end of cohort-epp-events's run: replica-0 healthy, incomplete, "
+                      "128 blocks held, 9 batches, 0 replays, 0 gaps lost", md)
+
     def test_vllm_server_command(self):
         args = vllm_fleet.server_args(8000, 8001, 8002)
         self.assertEqual(args[args.index("--block-size") + 1], "32")
