@@ -73,3 +73,72 @@ impl Drop for EngineSim {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// `cohort engine-sim serve --replicas N` on loopback with more arguments (a cache size,
+/// `--kv-events-port`), its replicas' ports read from its ports file; stopped when dropped.
+pub struct SimFleet {
+    child: Child,
+    dir: PathBuf,
+    /// Replica i's HTTP port.
+    pub ports: Vec<u16>,
+}
+
+impl SimFleet {
+    /// `replicas` replicas on free ports with `args` after the fleet's own.
+    pub fn start(replicas: usize, args: &[String]) -> Result<SimFleet, String> {
+        let dir = std::env::temp_dir().join(format!(
+            "cohort-sim-fleet-{}-{}",
+            std::process::id(),
+            crate::free_port()
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let ports_file = dir.join("ports.json");
+        let log = dir.join("engine-sim.log");
+        let child = Command::new(crate::batcher::binary())
+            .args(["engine-sim", "serve", "--replicas", &replicas.to_string()])
+            .arg("--ports-file")
+            .arg(&ports_file)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).map_err(|e| e.to_string())?)
+            .spawn()
+            .map_err(|e| format!("start cohort engine-sim: {e}"))?;
+        let mut fleet = SimFleet {
+            child,
+            dir,
+            ports: Vec::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(text) = std::fs::read_to_string(&ports_file) {
+                if let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) {
+                    fleet.ports = value["ports"]
+                        .as_array()
+                        .map(|p| {
+                            p.iter()
+                                .filter_map(|p| p.as_u64())
+                                .map(|p| p as u16)
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    return Ok(fleet);
+                }
+            }
+            if let Ok(Some(status)) = fleet.child.try_wait() {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(format!("engine-sim exited with {status}: {text}"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err("engine-sim fleet not listening in 10 s".into())
+    }
+}
+
+impl Drop for SimFleet {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -14,6 +14,8 @@ fn req(blocks: &[u64], now_ms: u64) -> RouteRequest<'_> {
         cost: 400,
         now_ms,
         track: true,
+        observed: &[],
+        observed_since_ms: 0,
     }
 }
 

@@ -11,6 +11,8 @@ fn req(blocks: &[u64], cost: u32, now_ms: u64) -> RouteRequest<'_> {
         cost,
         now_ms,
         track: false,
+        observed: &[],
+        observed_since_ms: 0,
     }
 }
 
@@ -125,6 +127,8 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
         cost: 100,
         now_ms: 0,
         track: false,
+        observed: &[],
+        observed_since_ms: 0,
     });
     // Different prompts, same cohort: no prefix distinguishes replicas, the owner does.
     for (i, b) in [200u64, 300, 400].iter().enumerate() {
@@ -136,6 +140,8 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
             cost: 100,
             now_ms: 1 + i as u64,
             track: false,
+            observed: &[],
+            observed_since_ms: 0,
         });
         assert_eq!(c.replica, first.replica);
         assert_eq!(c.reason, ChoiceReason::Cohort);
@@ -151,6 +157,8 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
             cost: 100,
             now_ms: 11,
             track: false,
+            observed: &[],
+            observed_since_ms: 0,
         });
         assert_eq!(c.replica, other);
         assert_eq!(c.reason, ChoiceReason::Prefix);
@@ -168,6 +176,8 @@ fn the_similar_replica_breaks_ties_only_among_equally_cheap_replicas_of_an_owner
         cost,
         now_ms,
         track: false,
+        observed: &[],
+        observed_since_ms: 0,
     };
     // A large slack keeps every replica eligible; the order among them is the test.
     let config = |replicas| PolicyConfig {
@@ -270,4 +280,59 @@ fn a_warmed_prefix_counts_as_held_for_its_ttl_and_routes_there() {
     );
     let choice = p.choose(&req(&[11, 12, 13, 99], 400, 2_000));
     assert_eq!((choice.replica, choice.matched_blocks), (2, 3));
+}
+
+/// Where an engine publishes its cache, its own account replaces the modelled prefix,
+/// except for what was sent there too recently to be stored yet.
+#[test]
+fn the_engines_own_account_of_its_cache_overrides_the_model() {
+    let mut p = Policy::new(PolicyConfig {
+        balance: f64::INFINITY,
+        ..PolicyConfig::new(2, 1000)
+    });
+    let prompt = [1u64, 2, 3, 4];
+    let home = p.choose(&req(&prompt, 400, 0)).replica;
+    let other = 1 - home;
+    let with = |observed: &'static [Option<usize>], since, now| RouteRequest {
+        observed,
+        observed_since_ms: since,
+        ..req(&prompt, 400, now)
+    };
+    let observed: &'static [Option<usize>] = if home == 0 {
+        &[Some(0), Some(2)]
+    } else {
+        &[Some(2), Some(0)]
+    };
+    // The model says `home` holds all four blocks; its engine says it evicted them, and the
+    // other engine holds two (another router's traffic, a warm-up).
+    let moved = p.choose(&with(observed, 90_000, 100_000));
+    assert_eq!((moved.replica, moved.matched_blocks), (other, 2));
+    assert_eq!(moved.reason, ChoiceReason::Prefix);
+    // Sent to `home` within the window: not stored yet, still counted there. (The choice
+    // above recorded the prompt on `other` at 100 s, which now counts there too.)
+    let pending: &'static [Option<usize>] = &[Some(0), Some(0)];
+    let c = p.choose(&with(pending, 100_000, 100_001));
+    assert_eq!((c.replica, c.matched_blocks), (other, 4));
+    // No account from either engine: the model alone, as without events.
+    let c = p.choose(&with(&[None, None], u64::MAX, 100_002));
+    assert_eq!(c.matched_blocks, 4);
+    // An engine's account beyond the request's blocks is cut to them.
+    let long: &'static [Option<usize>] = &[Some(9), Some(9)];
+    assert_eq!(p.choose(&with(long, u64::MAX, 100_003)).matched_blocks, 4);
+}
+
+/// A cleared engine (a cache reset, a restart) holds nothing in the model either.
+#[test]
+fn a_cleared_replica_holds_nothing() {
+    let mut p = Policy::new(PolicyConfig {
+        balance: f64::INFINITY,
+        ..PolicyConfig::new(2, 1000)
+    });
+    let prompt = [7u64, 8, 9];
+    let home = p.choose(&req(&prompt, 300, 0)).replica;
+    assert!(p.holds(home, &prompt, 1));
+    p.cleared(home);
+    p.cleared(99);
+    assert!(!p.holds(home, &prompt, 1));
+    assert_eq!(p.choose(&req(&prompt, 300, 2)).matched_blocks, 0);
 }

@@ -315,6 +315,8 @@ impl Router {
                             cost: req.input_length,
                             now_ms: req.timestamp_ms,
                             track: false,
+                            observed: &[],
+                            observed_since_ms: 0,
                         })
                         .replica
                     }

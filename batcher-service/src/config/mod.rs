@@ -27,6 +27,11 @@
 //! duplicate_window = 16           # a repeat within this many numbers; further back: a restart
 //! replay_timeout_ms = 2000        # a replay taking longer loses its gap
 //! max_held = 10000                # live messages held during a replay before it gives up
+//! port = 5557                     # replicas with a url and no kv_events: tcp://<url host>:5557
+//! replay_port = 5558              # and their replay socket
+//! prompt_tokens = "model"         # none | engine-sim | model: request → engine tokens (the picker)
+//! model_dir = "/models/gemma-3-270m"  # tokenizer.json, tokenizer_config.json, chat template
+//! pending_ms = 5000               # blocks sent count over a replica's events for this long
 //!
 //! [batch]                         # batch mode's HTTP front (on when replicas have urls)
 //! listen = "0.0.0.0:8000"
@@ -102,8 +107,8 @@ mod validate;
 
 pub use args::ServeArgs;
 pub use sections::{
-    BatchSection, DiscoverySection, KvEventsSection, LoraSection, NeighbourSearch, PickerSection,
-    PolicySection, PrefetchSection, Replica, StoreSection,
+    BatchSection, DiscoverySection, EventsEndpoint, KvEventsSection, LoraSection, NeighbourSearch,
+    PickerSection, PolicySection, PrefetchSection, PromptTokensKind, Replica, StoreSection,
 };
 pub use validate::ConfigError;
 
@@ -283,8 +288,33 @@ impl ServeConfig {
         if let Some(records) = args.audit_max_records {
             config.audit_max_records = records;
         }
+        config.derive_kv_events_endpoints();
         config.validate()?;
         Ok(config)
+    }
+
+    /// `[kv_events] port`: every replica with a url and no events endpoint of its own
+    /// gets `tcp://<its url's host>:<port>` (and the replay port beside it).
+    fn derive_kv_events_endpoints(&mut self) {
+        let Some(port) = self.kv_events.port else {
+            return;
+        };
+        let replay_port = self.kv_events.replay_port;
+        for replica in &mut self.replicas {
+            if replica.kv_events.is_some() {
+                continue;
+            }
+            let Some(host) = replica.url.as_ref().and_then(|u| u.uri().host()) else {
+                continue;
+            };
+            let events = EventsEndpoint::try_from(format!("tcp://{host}:{port}")).ok();
+            let replay = replay_port
+                .and_then(|replay| EventsEndpoint::try_from(format!("tcp://{host}:{replay}")).ok());
+            if events.is_some() {
+                replica.kv_events = events;
+                replica.kv_events_replay = replay;
+            }
+        }
     }
 
     fn from_file(path: &Path) -> Result<ServeConfig, ConfigError> {
@@ -626,10 +656,73 @@ mod tests {
                 "kv_events.main_medium",
             ),
             (replica("[kv_events]\nblocksize = 16"), "blocksize"),
+            (
+                replica("[kv_events]\nreplay_port = 5558"),
+                "replay_port needs port",
+            ),
+            (replica("[kv_events]\nport = 0"), "ports must be 1-65535"),
+            (
+                replica("[kv_events]\nprompt_tokens = \"model\""),
+                "needs model_dir",
+            ),
+            (
+                replica("[kv_events]\nmodel_dir = \"/models/m\""),
+                "model_dir is read only with prompt_tokens",
+            ),
+            (
+                replica("[kv_events]\nprompt_tokens = \"tiktoken\""),
+                "prompt_tokens",
+            ),
         ] {
             let message = load(&file).unwrap_err().to_string();
             assert!(message.contains(expected), "{file:?}: {message}");
         }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn kv_events_port_derives_each_url_replicas_endpoints() {
+        let dir =
+            std::env::temp_dir().join(format!("cohort-config-kv-port-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("serve.toml");
+        std::fs::write(
+            &path,
+            "[[replicas]]\nname = \"a\"\nurl = \"http://10.0.0.5:8000\"\n\
+             [[replicas]]\nname = \"b\"\nurl = \"http://vllm-1.llm.svc:8000\"\n\
+             kv_events = \"tcp://10.9.9.9:7000\"\n\
+             [[replicas]]\nname = \"c\"\nurl = \"http://[fd00::7]:8000\"\n\
+             [kv_events]\nport = 5557\nreplay_port = 5558\nprompt_tokens = \"engine-sim\"\npending_ms = 900\n",
+        )
+        .unwrap();
+        let mut a = args(&[]);
+        a.config = Some(path);
+        let config = ServeConfig::load(&a, None).unwrap();
+        let endpoints: Vec<(Option<&str>, Option<&str>)> = config
+            .replicas
+            .iter()
+            .map(|r| {
+                (
+                    r.kv_events.as_ref().map(|e| e.as_str()),
+                    r.kv_events_replay.as_ref().map(|e| e.as_str()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            endpoints,
+            vec![
+                (Some("tcp://10.0.0.5:5557"), Some("tcp://10.0.0.5:5558")),
+                // Its own endpoint stands (and it named no replay socket).
+                (Some("tcp://10.9.9.9:7000"), None),
+                (Some("tcp://[fd00::7]:5557"), Some("tcp://[fd00::7]:5558")),
+            ]
+        );
+        assert_eq!(config.kv_events.prompt_tokens, PromptTokensKind::EngineSim);
+        assert_eq!(config.kv_events.pending_ms, 900);
+        // Without `port`, nothing is derived.
+        let plain = ServeConfig::load(&args(&["a=http://10.0.0.5:8000"]), None).unwrap();
+        assert!(plain.replicas[0].kv_events.is_none());
+        assert_eq!(plain.kv_events.prompt_tokens, PromptTokensKind::None);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -163,6 +163,37 @@ pub struct KvEventsSection {
     pub replay_timeout_ms: u64,
     /// Live messages held while a replay runs before its gap counts as lost.
     pub max_held: usize,
+    /// The engines' events port, for every `[[replicas]]` with a `url` and no `kv_events`
+    /// of its own: `tcp://<the url's host>:<port>` (vLLM's `endpoint` port). Unset: only
+    /// replicas that name an endpoint are followed.
+    pub port: Option<u16>,
+    /// The replay port beside `port` (vLLM's `replay_endpoint` port).
+    pub replay_port: Option<u16>,
+    /// How the batcher turns a request into the engine's token ids, to ask each healthy
+    /// stream how much of the prompt its engine holds (docs/KV-EVENTS.md, "Exact residency
+    /// in decisions"). Only where the batcher sees the request's body: the endpoint picker.
+    pub prompt_tokens: PromptTokensKind,
+    /// The model's folder for `prompt_tokens = "model"`: `tokenizer.json`,
+    /// `tokenizer_config.json`, and the chat template (its `chat_template`, else
+    /// `chat_template.jinja`).
+    pub model_dir: Option<std::path::PathBuf>,
+    /// How long the blocks sent to a replica count there over what its events say, ms:
+    /// the time its engine may take to prefill them and publish the stores.
+    pub pending_ms: u64,
+}
+
+/// `[kv_events] prompt_tokens`: how request bodies become the engine's token ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PromptTokensKind {
+    /// None: decisions use the modelled residency; the streams still clear it on an
+    /// engine's cache reset or restart, and show in the inspector.
+    #[default]
+    None,
+    /// `cohort engine-sim`'s template and tokenizer (simulated replicas).
+    EngineSim,
+    /// The model's own tokenizer and chat template, from `model_dir`.
+    Model,
 }
 
 impl Default for KvEventsSection {
@@ -177,6 +208,11 @@ impl Default for KvEventsSection {
             duplicate_window: replica.sequence.duplicate_window,
             replay_timeout_ms: replica.sequence.replay_timeout.as_millis() as u64,
             max_held: replica.sequence.max_held,
+            port: None,
+            replay_port: None,
+            prompt_tokens: PromptTokensKind::None,
+            model_dir: None,
+            pending_ms: 5_000,
         }
     }
 }

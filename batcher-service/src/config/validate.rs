@@ -132,6 +132,27 @@ impl ServeConfig {
         if let Some((name, _)) = zero.iter().find(|(_, is_zero)| *is_zero) {
             return Err(ConfigError::KvEvents(format!("{name} must be at least 1")));
         }
+        if k.replay_port.is_some() && k.port.is_none() {
+            return Err(ConfigError::KvEvents(
+                "replay_port needs port (the events port)".into(),
+            ));
+        }
+        if k.port == Some(0) || k.replay_port == Some(0) {
+            return Err(ConfigError::KvEvents("ports must be 1-65535".into()));
+        }
+        match (k.prompt_tokens, &k.model_dir) {
+            (super::PromptTokensKind::Model, None) => {
+                return Err(ConfigError::KvEvents(
+                    "prompt_tokens = \"model\" needs model_dir (the model's tokenizer.json and chat template)".into(),
+                ))
+            }
+            (super::PromptTokensKind::Model, Some(_)) | (_, None) => {}
+            (_, Some(_)) => {
+                return Err(ConfigError::KvEvents(
+                    "model_dir is read only with prompt_tokens = \"model\"".into(),
+                ))
+            }
+        }
         if k.main_medium.is_empty() {
             return Err(ConfigError::KvEvents(
                 "main_medium must name a tier (vLLM's own cache is \"GPU\")".into(),

@@ -5,10 +5,12 @@
 //!
 //! What the streams know is read through [`Streams`], shared by the tasks, the brain (the
 //! inspector's Replicas panel) and `/metrics`; every lock is held for one message or one
-//! read, never across an await. A stream's health is logged once per change. Decisions do
-//! not read the residency yet (that needs the model's tokenizer on the router's side): a
-//! replica's stream is observed, and its health says whether it could stand for the
-//! engine's cache or the modelled residency must.
+//! read, never across an await. A stream's health is logged once per change. While a
+//! stream is healthy, decisions that know the request's tokens (the endpoint picker with
+//! `[kv_events] prompt_tokens`) read what the engine holds from it
+//! ([`Stream::held_prefix`]); every decision drops the modelled residency of an engine
+//! whose cache was cleared ([`Stream::engine_clears`]). An unhealthy stream leaves the
+//! replica to the modelled residency.
 //!
 //! Each task runs until `cohort serve` stops: it follows the stream with the subscriber,
 //! and every [`TICK`] passes time to the replica (replay timeouts, silence, also while the
@@ -24,6 +26,7 @@ use crate::config::ServeConfig;
 use crate::metrics::{MetricSource, Scrape};
 use cohort_kv_events::replica::{Outcome, ReplicaEvents};
 use cohort_kv_events::subscriber::{self, FrameCounters, SubscriberConfig};
+use cohort_prompt_tokens::{ModelTokens, PromptTokenizer, Prompts};
 use state::{Activity, View};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -127,6 +130,49 @@ impl Streams {
     pub fn get(&self, name: &str) -> Option<&Stream> {
         self.streams.iter().find(|s| s.name == name)
     }
+}
+
+impl Stream {
+    /// How many of `keys` (a prompt's block keys, first block first) the engine holds as a
+    /// leading run by its own account, while its stream is healthy; `None` when it is not
+    /// (the modelled residency stands in).
+    pub fn held_prefix(&self, keys: &[u64]) -> Option<usize> {
+        let replica = lock(&self.replica);
+        replica
+            .health()
+            .is_healthy()
+            .then(|| replica.residency().held_prefix_blocks(keys))
+    }
+
+    /// How many times the engine dropped its whole cache: `AllBlocksCleared` (a prefix
+    /// cache reset) or a restart of its stream.
+    pub fn engine_clears(&self) -> u64 {
+        let replica = lock(&self.replica);
+        let counters = replica.counters();
+        counters.blocks.cleared + counters.restarts
+    }
+}
+
+/// The request → engine token ids → block keys conversion `[kv_events] prompt_tokens`
+/// asks for (loading the model's files for `model`); `None` for `none`.
+pub fn prompts(
+    config: &crate::config::KvEventsSection,
+) -> Result<Option<Prompts>, cohort_prompt_tokens::PromptError> {
+    use crate::config::PromptTokensKind;
+    let tokenizer = match (config.prompt_tokens, &config.model_dir) {
+        (PromptTokensKind::None, _) => return Ok(None),
+        (PromptTokensKind::EngineSim, _) => PromptTokenizer::EngineSim,
+        (PromptTokensKind::Model, Some(dir)) => {
+            PromptTokenizer::Model(Box::new(ModelTokens::load(dir)?))
+        }
+        (PromptTokensKind::Model, None) => {
+            return Err(cohort_prompt_tokens::PromptError::Load {
+                path: "model_dir".into(),
+                reason: "not set".into(),
+            })
+        }
+    };
+    Ok(Some(Prompts::new(tokenizer, config.block_size)))
 }
 
 /// Logs a change of a stream's health, once (the crate reports each change once).

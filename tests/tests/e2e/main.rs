@@ -23,6 +23,7 @@ mod engine_discovery;
 mod engine_faults;
 mod engines_llama;
 mod envoy_filter;
+mod exact_residency;
 mod holdout_report;
 mod inspector_ui;
 mod istio_manifests;

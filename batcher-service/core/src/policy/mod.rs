@@ -25,7 +25,9 @@
 //!
 //! # The rule, for one request of `n` blocks and cost `c` (prompt tokens or bytes)
 //!
-//! 1. For each replica `r`: `matched_r`, the uncached prompt if placed there,
+//! 1. For each replica `r`: `matched_r` (the modelled prefix; where the engine publishes
+//!    its cache, [`RouteRequest::observed`], what it holds by its own account, or what was
+//!    sent there since [`RouteRequest::observed_since_ms`] if longer), the uncached prompt if placed there,
 //!    `u_r = c · (n − matched_r) / n` (only the uncached part is prefilled), and the load
 //!    model's projected cost `P_r`.
 //! 2. A replica is *eligible* iff it is available ([`health`]; when none is, all are) and
@@ -278,7 +280,15 @@ impl Policy {
         let mut least_work = f64::INFINITY;
         let mut cheapest = f64::INFINITY;
         for r in 0..n {
-            let (matched, uses) = self.states[r].matched_uses(blocks, now);
+            let (modelled, uses) = self.states[r].matched_uses(blocks, now);
+            let matched = match req.observed.get(r).copied().flatten() {
+                None => modelled,
+                Some(observed) => observed.min(blocks.len()).max(self.states[r].matched_since(
+                    blocks,
+                    req.observed_since_ms,
+                    now,
+                )),
+            };
             let uncached = if blocks.is_empty() {
                 cost
             } else {
@@ -507,6 +517,14 @@ impl Policy {
         self.states
             .get(replica)
             .is_some_and(|state| state.matched(blocks, now_ms) == blocks.len())
+    }
+
+    /// The engine at `replica` dropped its whole cache (its KV events said so: a prefix
+    /// cache reset, or a restart): its modelled prefix state starts empty.
+    pub fn cleared(&mut self, replica: usize) {
+        if let Some(state) = self.states.get_mut(replica) {
+            state.clear();
+        }
     }
 
     /// A warm-up computed `blocks` on `replica`: they count as held for `resident_ms`, as

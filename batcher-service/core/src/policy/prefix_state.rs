@@ -39,6 +39,8 @@ struct Held {
     uses: u32,
     /// It counts as held while `now_ms < expires_ms`.
     expires_ms: u64,
+    /// When a request last brought it (what [`PrefixState::matched_since`] reads).
+    recorded_ms: u64,
 }
 
 /// One replica's approximate prefix-block state: a capped LRU set of block hashes.
@@ -80,6 +82,25 @@ impl PrefixState {
         (n, uses)
     }
 
+    /// Number of leading blocks of `blocks` that a request brought here at or after
+    /// `since_ms` (and still held at `now_ms`): what was just sent, which an engine that
+    /// publishes its cache may not have stored yet.
+    pub fn matched_since(&self, blocks: &[u64], since_ms: u64, now_ms: u64) -> usize {
+        blocks
+            .iter()
+            .take_while(|b| {
+                self.blocks
+                    .peek(b)
+                    .is_some_and(|held| now_ms < held.expires_ms && held.recorded_ms >= since_ms)
+            })
+            .count()
+    }
+
+    /// Forgets every block: the engine's cache was cleared (its KV events said so).
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+    }
+
     /// Whether one block hash is held at `now_ms` (no recency change).
     pub fn contains(&self, block: u64, now_ms: u64) -> bool {
         self.blocks
@@ -100,6 +121,7 @@ impl PrefixState {
                     held.uses = 1;
                 }
                 held.expires_ms = held.expires_ms.max(expires_ms);
+                held.recorded_ms = held.recorded_ms.max(now_ms);
             } else if self
                 .blocks
                 .push(
@@ -107,6 +129,7 @@ impl PrefixState {
                     Held {
                         uses: 1,
                         expires_ms,
+                        recorded_ms: now_ms,
                     },
                 )
                 .is_some()
@@ -194,5 +217,20 @@ mod tests {
         s.record(&[1], 500_000, 800_000);
         assert_eq!(s.matched_uses(&[1, 2], 500_000), (1, 1));
         assert_eq!(s.resident(500_000), 1);
+    }
+
+    #[test]
+    fn matched_since_counts_the_leading_blocks_sent_recently() {
+        let mut s = PrefixState::new(16);
+        s.record(&[1, 2], 1_000, NEVER);
+        s.record(&[1, 2, 3], 5_000, NEVER);
+        s.record(&[4], 6_000, NEVER);
+        // Blocks 1 and 2 were refreshed at 5 s, 3 came then.
+        assert_eq!(s.matched_since(&[1, 2, 3], 5_000, 6_000), 3);
+        assert_eq!(s.matched_since(&[1, 2, 3], 5_001, 6_000), 0);
+        assert_eq!(s.matched_since(&[4, 1], 6_000, 6_000), 1);
+        s.clear();
+        assert_eq!(s.matched(&[1, 2, 3], 6_000), 0);
+        assert!(s.is_empty());
     }
 }

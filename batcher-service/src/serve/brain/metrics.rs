@@ -48,6 +48,24 @@ impl Brain {
              others received with them decide first ([policy] burst_order).",
             c.burst_yields.load(Ordering::Relaxed),
         );
+        scrape.labelled_counter(
+            "cohort_assign_residency_total",
+            "Decisions that had the prompt's token blocks (the endpoint picker with [kv_events] \
+             prompt_tokens), by whether some replica's own account of its cache (a healthy KV \
+             events stream) decided them (`events`) or only the modelled residency could \
+             (`modelled`).",
+            "residency",
+            &[
+                (
+                    "events".to_string(),
+                    c.decisions_observed.load(Ordering::Relaxed) as f64,
+                ),
+                (
+                    "modelled".to_string(),
+                    c.decisions_modelled.load(Ordering::Relaxed) as f64,
+                ),
+            ],
+        );
         scrape.histogram(
             "cohort_assign_decision_seconds",
             "Time to decide one Assign inside the batcher.",

@@ -24,6 +24,7 @@ mod members;
 pub(crate) use lookup::space;
 pub use members::Member;
 mod metrics;
+mod observed;
 pub(crate) mod pick;
 mod replica_stats;
 mod report;
@@ -112,6 +113,10 @@ struct Counters {
     assigns: AtomicU64,
     /// Assigns that deferred to the others of their burst ([`Brain::assign_in_burst_order`]).
     burst_yields: AtomicU64,
+    /// Assigns decided with some replica's own account of its cache (KV events), and
+    /// those that had a prompt's keys but no healthy stream to ask ([`observed`]).
+    decisions_observed: AtomicU64,
+    decisions_modelled: AtomicU64,
     observations: AtomicU64,
     observations_without_sketch: AtomicU64,
     dropped_reported: AtomicU64,
@@ -161,9 +166,13 @@ pub struct Brain {
     cost_model: cohort_score::cost::CostModel,
     /// The operator's knob defaults and bounds ([`Brain::knobs`]).
     knob_policy: KnobPolicy,
-    /// The replicas' KV events streams (`[[replicas]] kv_events`): shown in the Replicas
-    /// panel; decisions use the modelled residency.
+    /// The replicas' KV events streams (`[[replicas]] kv_events`): what each engine
+    /// holds by its own account ([`observed`]), and the Replicas panel's column.
     kv_events: Arc<crate::kv_events::Streams>,
+    /// Per replica name, the engine cache clears already applied to the policy.
+    engine_clears: Mutex<std::collections::HashMap<String, u64>>,
+    /// `[kv_events] pending_ms`: blocks sent count over a replica's events for this long.
+    kv_pending_ms: u64,
 }
 
 impl crate::discovery::Replicas for Brain {
@@ -314,6 +323,8 @@ impl Brain {
             cost_model: config.cost,
             knob_policy: config.knobs.clone(),
             kv_events: Arc::new(crate::kv_events::Streams::new(config, clock)),
+            engine_clears: Mutex::new(std::collections::HashMap::new()),
+            kv_pending_ms: config.kv_events.pending_ms,
         }
     }
 
@@ -425,16 +436,19 @@ impl Brain {
         assign: &pb::AssignRequest,
         now_ms: u64,
     ) -> Result<pb::AssignReply, BrainError> {
-        self.decide(assign, now_ms, None).map(|d| d.reply)
+        self.decide(assign, now_ms, None, None).map(|d| d.reply)
     }
 
     /// [`Brain::assign`], restricted to the slots `among` marks when given; then also
-    /// the decision's slot and its alternatives ([`pick`]).
+    /// the decision's slot and its alternatives ([`pick`]). With the prompt's block keys
+    /// (`prompt`), replicas whose engines publish their caches are matched on what they
+    /// hold ([`observed`]).
     fn decide(
         &self,
         assign: &pb::AssignRequest,
         now_ms: u64,
         among: Option<&[bool]>,
+        prompt: Option<&cohort_prompt_tokens::PromptKeys>,
     ) -> Result<pick::Decided, BrainError> {
         let started = std::time::Instant::now();
         let request = assign.request.as_ref().ok_or(BrainError::NoFingerprint)?;
@@ -454,8 +468,10 @@ impl Brain {
             })
             .unwrap_or_default();
         let cohort = found.cohort;
+        let observed = self.observed(prompt, fp.blocks.len());
         let (choice, rate, member, alternatives) = {
             let mut policy = lock(&self.policy);
+            self.apply_engine_clears(&mut policy);
             if !policy.choosable(now_ms) {
                 return Err(BrainError::NoReplicas);
             }
@@ -467,6 +483,8 @@ impl Brain {
                 cost: fp.prompt_bytes / BYTES_PER_TOKEN,
                 now_ms,
                 track: assign.reports_progress,
+                observed: &observed,
+                observed_since_ms: now_ms.saturating_sub(self.kv_pending_ms),
             };
             let (choice, alternatives) = match among {
                 None => (policy.choose(&route), Vec::new()),

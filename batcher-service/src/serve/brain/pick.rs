@@ -4,11 +4,15 @@
 //! proxy tries when the chosen replica refuses, a decision for a request without a
 //! fingerprint (a bypass: load only), and moving a ticket to the replica that served it.
 //!
+//! The picker sees the request's body, so its decisions also match the prompt's block
+//! keys against what the engines publish they hold (`observed`).
+//!
 //! Assign mode's own path ([`Brain::assign`]) is unchanged: it decides over every slot and
 //! computes no alternatives.
 
 use super::{lock, read, Brain, BrainError, Member, BYTES_PER_TOKEN};
 use cohort_batcher_core::policy::{Policy, RouteRequest};
+use cohort_prompt_tokens::PromptKeys;
 use cohort_proto as pb;
 use std::sync::atomic::Ordering;
 
@@ -60,6 +64,7 @@ impl Brain {
         &self,
         assign: &pb::AssignRequest,
         among: &[bool],
+        prompt: Option<&PromptKeys>,
     ) -> Result<Decided, BrainError> {
         if self.defers(assign, self.clock.now_ms()) {
             self.counters.burst_yields.fetch_add(1, Ordering::Relaxed);
@@ -67,7 +72,7 @@ impl Brain {
                 tokio::task::yield_now().await;
             }
         }
-        self.decide(assign, self.clock.now_ms(), Some(among))
+        self.decide(assign, self.clock.now_ms(), Some(among), prompt)
     }
 
     /// A decision for a request without a fingerprint (the picker bypassed it) among the
@@ -95,6 +100,8 @@ impl Brain {
                 cost: prompt_bytes / BYTES_PER_TOKEN,
                 now_ms,
                 track,
+                observed: &[],
+                observed_since_ms: 0,
             },
             among,
         );

@@ -392,7 +392,8 @@ impl Exchange {
         let now_unix = unix_ms();
         let assign =
             batcher::assign_request(&plan, &routing.fingerprint, Mode::Assign, now_unix, true);
-        let decided = match self.picker.decide(assign, mask.clone()).await {
+        let prompt = self.picker.prompt_keys(routing.fingerprint.api, &self.body);
+        let decided = match self.picker.decide(assign, mask.clone(), prompt).await {
             Decision::Decided(decided) => decided,
             Decision::Failed(BrainError::NoReplicas) => return self.refuse(Outcome::Unavailable),
             Decision::Failed(BrainError::NoFingerprint) => {

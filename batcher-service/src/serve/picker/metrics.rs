@@ -45,6 +45,32 @@ pub struct PickerMetrics {
     decision_seconds: Histogram,
     streams_open: AtomicI64,
     reattributed: AtomicU64,
+    /// Per [`PromptTokens`] outcome: prompts turned into the engine's block keys.
+    prompt_tokens: [AtomicU64; PromptTokens::ALL.len()],
+}
+
+/// What became of a request's prompt on its way to the engine's token ids
+/// (`[kv_events] prompt_tokens`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptTokens {
+    /// Rendered and tokenized: the decision can ask the engines what they hold.
+    Keyed,
+    /// An API the engines' templates do not cover (Responses, Anthropic Messages).
+    OtherApi,
+    /// The body, the template or the tokenizer refused it.
+    Failed,
+}
+
+impl PromptTokens {
+    pub const ALL: [PromptTokens; 3] = [Self::Keyed, Self::OtherApi, Self::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Keyed => "keyed",
+            Self::OtherApi => "other_api",
+            Self::Failed => "failed",
+        }
+    }
 }
 
 impl Default for PickerMetrics {
@@ -55,6 +81,7 @@ impl Default for PickerMetrics {
             decision_seconds: decision_seconds(),
             streams_open: AtomicI64::new(0),
             reattributed: AtomicU64::new(0),
+            prompt_tokens: Default::default(),
         }
     }
 }
@@ -93,6 +120,10 @@ impl PickerMetrics {
         self.reattributed.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn prompt_tokens(&self, outcome: PromptTokens) {
+        self.prompt_tokens[outcome as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn write_metrics(&self, scrape: &mut Scrape<'_>) {
         scrape.labelled_counter(
             "cohort_picker_requests_total",
@@ -121,6 +152,21 @@ impl PickerMetrics {
              (the x-cohort-bypass value).",
             "reason",
             &bypasses,
+        );
+        scrape.labelled_counter(
+            "cohort_picker_prompt_tokens_total",
+            "Prompts the picker turned into the engine's token blocks for the KV events \
+             residency ([kv_events] prompt_tokens), by outcome: keyed, other_api (an API \
+             without a chat template: Responses, Anthropic Messages), failed (the body, \
+             template or tokenizer refused it).",
+            "outcome",
+            &PromptTokens::ALL
+                .iter()
+                .map(|o| {
+                    let n = self.prompt_tokens[*o as usize].load(Ordering::Relaxed);
+                    (o.as_str().to_owned(), n as f64)
+                })
+                .collect::<Vec<_>>(),
         );
         scrape.histogram(
             "cohort_picker_decision_seconds",

@@ -56,6 +56,9 @@ pub struct Picker {
     /// the picker is the batcher).
     pub filter: FilterConfig,
     pub endpoints: choose::Endpoints,
+    /// Request body → the engine's block keys (`[kv_events] prompt_tokens`), so decisions
+    /// match what the engines publish they hold; `None`: the modelled residency only.
+    pub prompts: Option<cohort_prompt_tokens::Prompts>,
     pub deadline: Duration,
     pub metrics: Arc<PickerMetrics>,
     pub clock: Clock,
@@ -81,8 +84,11 @@ impl Picker {
         }
         filter.mode = Mode::Assign;
         filter.observe = true;
+        let prompts = crate::kv_events::prompts(&config.kv_events)
+            .map_err(|e| anyhow::anyhow!("kv_events.prompt_tokens: {e}"))?;
         Ok(Picker {
             brain,
+            prompts,
             filter,
             endpoints: choose::Endpoints::from_config(config),
             deadline: Duration::from_millis(config.picker.assign_deadline_ms),
@@ -97,7 +103,44 @@ impl Picker {
     /// The brain's decision among the slots `among` marks, within the deadline. The
     /// decision runs as its own task: a slow one is left to finish, and a ticket it opens
     /// after the deadline is ended at once (nothing was sent there).
-    pub async fn decide(&self, assign: pb::AssignRequest, among: Vec<bool>) -> Decision {
+    /// The block keys of `body`'s prompt, when `[kv_events] prompt_tokens` is set and the
+    /// API has a chat template or a prompt string (counted either way).
+    pub fn prompt_keys(
+        &self,
+        api: cohort_fingerprint::Api,
+        body: &[u8],
+    ) -> Option<cohort_prompt_tokens::PromptKeys> {
+        use cohort_prompt_tokens::Api;
+        use metrics::PromptTokens;
+        let prompts = self.prompts.as_ref()?;
+        let api = match api {
+            cohort_fingerprint::Api::OpenAiChat => Api::Chat,
+            cohort_fingerprint::Api::OpenAiCompletions => Api::Completions,
+            cohort_fingerprint::Api::OpenAiResponses
+            | cohort_fingerprint::Api::AnthropicMessages => {
+                self.metrics.prompt_tokens(PromptTokens::OtherApi);
+                return None;
+            }
+        };
+        match prompts.keys(api, body) {
+            Ok(keys) => {
+                self.metrics.prompt_tokens(PromptTokens::Keyed);
+                Some(keys)
+            }
+            Err(error) => {
+                self.metrics.prompt_tokens(PromptTokens::Failed);
+                tracing::debug!(%error, "no engine tokens for the prompt: modelled residency");
+                None
+            }
+        }
+    }
+
+    pub async fn decide(
+        &self,
+        assign: pb::AssignRequest,
+        among: Vec<bool>,
+        prompt: Option<cohort_prompt_tokens::PromptKeys>,
+    ) -> Decision {
         let brain = Arc::clone(&self.brain);
         #[cfg(test)]
         let slow = self.slow_decisions;
@@ -107,7 +150,7 @@ impl Picker {
                 if !slow.is_zero() {
                     tokio::time::sleep(slow).await;
                 }
-                brain.pick(&assign, &among).await
+                brain.pick(&assign, &among, prompt.as_ref()).await
             });
         match tokio::time::timeout(self.deadline, &mut task).await {
             Ok(Ok(Ok(decided))) => Decision::Decided(decided),
