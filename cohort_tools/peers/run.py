@@ -91,7 +91,7 @@ _PRESSURE = dict(_TEMPLATED, kv_blocks=128, engine_time_scale=0.05, duration=30.
 # TTFT differences are mostly the prefills that caching saves.
 # The KV cache is under pressure on purpose: 576 blocks of 32 tokens per replica
 # (--num-gpu-blocks-override; Gemma 3's 6 KV cache groups each take a block per 32 tokens, so
-# about 3,070 tokens of prompt). The nine apps of the list take about 5,000 tokens: a replica
+# 3,032 tokens of prompt, as its log says). The nine apps of the list take about 5,000 tokens: a replica
 # holds all of them only when the router splits the apps between the replicas. An LRU over
 # the list's token ids (32-token blocks) gives round-robin 0.43 and an app-per-replica split
 # 0.67 (the pooled bound) at 3,000 tokens per replica, against 0.56 and 0.67 with room for
