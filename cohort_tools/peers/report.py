@@ -188,6 +188,7 @@ def summarise(run):
         "calibration": run.get("calibration"),
         "fleet": run.get("fleet"),
         "kv_events": run.get("kv_events") or {},
+        "residency": run.get("residency") or {},
         "duration_s": duration,
         "window_s": window_s(run),
         "n": len(recs),
@@ -496,6 +497,11 @@ def markdown(runs, summaries=None):
                                  f"{m.get('applied_total', 0):.0f} batches, {m.get('replays_total', 0):.0f} replays, "
                                  f"{m.get('gaps_lost_total', 0):.0f} gaps lost")
                 out.append(f"\nKV events at the end of {s['contender']}'s run: " + "; ".join(cells))
+                res = s.get("residency") or {}
+                if res:
+                    parts = [f"{what} {', '.join(f'{k} {v:.0f}' for k, v in sorted(res[what].items()))}"
+                             for what in ("decisions", "prompts") if res.get(what)]
+                    out.append(f"(residency used: {'; '.join(parts)})")
         fleets = [(s["contender"], s["fleet"]) for s in ss if s.get("fleet")]
         if fleets:
             first = {k: v for k, v in fleets[0][1].items() if k != "memory_mib"}

@@ -302,6 +302,7 @@ def run_one(args, engine, workload, requests, count, contender, workdir, calibra
             "engine": engine, "calibration": calibration, "pooled_bound": bound, "duration_s": wall,
             "settings": config, "seed": args.seed, "records": records, "engine_metrics": metrics,
             "router_stats": router_stats, "kv_events": kv_events_stats(router_stats["metrics"]),
+            "residency": residency_stats(router_stats["metrics"]),
             "fleet": dict(fleet.describe(), memory_mib=fleet.memory_mib()) if fleet is not None else None}
 
 
@@ -326,6 +327,28 @@ def kv_events_stats(page):
             out.setdefault(replica, {})[name] = float(value)
         except ValueError:
             pass
+    return out
+
+
+def residency_stats(page):
+    """How `cohort serve` decided during a run (its /metrics page): decisions per residency
+    (`cohort_assign_residency_total`: "events" or "modelled") and the picker's prompts per
+    tokenizing outcome (`cohort_picker_prompt_tokens_total`: keyed, other_api, failed).
+    {} when the page has neither."""
+    out = {}
+    for metric, label, key in (("cohort_assign_residency_total", "residency", "decisions"),
+                               ("cohort_picker_prompt_tokens_total", "outcome", "prompts")):
+        for line in page.splitlines():
+            if not line.startswith(metric + "{"):
+                continue
+            series, _, value = line.rpartition(" ")
+            if f'{label}="' not in series:
+                continue
+            name = series.split(f'{label}="', 1)[1].split('"', 1)[0]
+            try:
+                out.setdefault(key, {})[name] = float(value)
+            except ValueError:
+                pass
     return out
 
 

@@ -495,7 +495,15 @@ class EventsAndFleetTests(unittest.TestCase):
         self.assertEqual(stats, {"replica-0": {"blocks_held": 128.0, "healthy": 1.0, "complete": 0.0,
                                                "applied_total": 9.0}})
         self.assertEqual(run.kv_events_stats(""), {})
-        md = report.markdown([synthetic_run(contender="cohort-epp-events", kv_events=stats)])
+        res = run.residency_stats('cohort_assign_residency_total{residency="events"} 40.0\n'
+                                  'cohort_assign_residency_total{residency="modelled"} 0.0\n'
+                                  'cohort_picker_prompt_tokens_total{outcome="keyed"} 39.0\n'
+                                  'cohort_picker_prompt_tokens_total{outcome="failed"} 1.0\n')
+        self.assertEqual(res, {"decisions": {"events": 40.0, "modelled": 0.0},
+                               "prompts": {"keyed": 39.0, "failed": 1.0}})
+        self.assertEqual(run.residency_stats(""), {})
+        md = report.markdown([synthetic_run(contender="cohort-epp-events", kv_events=stats, residency=res)])
+        self.assertIn("(residency used: decisions events 40, modelled 0; prompts failed 1, keyed 39)", md)
         self.assertIn("KV events at the end of cohort-epp-events's run: replica-0 healthy, incomplete, "
                       "128 blocks held, 9 batches, 0 replays, 0 gaps lost", md)
 
