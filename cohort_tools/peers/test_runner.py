@@ -1,7 +1,8 @@
 """Smoke test of the peer benchmark's runner (cohort_tools/peers/run.py) end to end with real parts:
 a real `cohort engine-sim serve` with 4 simulated replicas, real Envoy (round-robin, and the
 real Cohort filter in affinity mode), the real open-loop client, a few seconds of the
-templated-app workload, then report.write over the two runs.
+templated-app workload, then report.write over the two runs; and the endpoint picker without
+and with the simulator's KV events (cohort-epp, cohort-epp-events).
 
 A Python unittest rather than a Rust test in tests/: everything it drives (the runner, the
 client, the contenders, the report) is Python, and `scripts/test` runs the package's tests with
@@ -132,6 +133,27 @@ class RunnerSmoke(unittest.TestCase):
         self.assertTrue(all(r["replica"] in {f"replica-{i}" for i in range(4)} for r in records))
         served = sum(m["requests"] or 0 for m in result["engine_metrics"].values())
         self.assertEqual(served, len(requests), result["engine_metrics"])
+
+    def test_cohort_epp_events_on_four_sim_replicas(self):
+        # The picker on the engines' KV events: the simulator publishes them (a free run of 8
+        # ports), `cohort serve` follows every replica's stream from its config file's
+        # [[replicas]] and decides every request on the published residency.
+        args = run.parse_args(["--engine", "sim", "--replicas", "4", "--workloads", "templated-app",
+                               "--contenders", "cohort-epp-events", "--arrival", "poisson", "--kv-blocks", "128",
+                               "--rate", "10", "--duration", "3", "--request-timeout", "30", "--out", self.out])
+        config = run.settings(args, "templated-app")
+        requests = run.build_requests(workloads, args, "templated-app", config)
+        workdir = tempfile.mkdtemp(prefix="bench-peers-smoke-logs-")
+        self.addCleanup(shutil.rmtree, workdir, True)
+        result = run.run_one(args, "sim", "templated-app", requests, 4, "cohort-epp-events", workdir, None, None,
+                             None, config)
+        records = result["records"]
+        self.assertEqual([r for r in records if r["error"] or r["status"] != 200], [])
+        self.assertEqual(sorted(result["kv_events"]), [f"replica-{i}" for i in range(4)])
+        for replica, stream in result["kv_events"].items():
+            self.assertEqual((stream["healthy"], stream["complete"]), (1.0, 1.0), replica)
+        self.assertEqual(result["residency"]["decisions"].get("events"), len(requests), result["residency"])
+        self.assertEqual(result["residency"]["prompts"].get("keyed"), len(requests), result["residency"])
 
 
 if __name__ == "__main__":
