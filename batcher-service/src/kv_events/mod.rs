@@ -172,7 +172,11 @@ pub fn prompts(
             })
         }
     };
-    Ok(Some(Prompts::new(tokenizer, config.block_size)))
+    Ok(Some(Prompts::new(
+        tokenizer,
+        config.block_size,
+        config.max_prompt_bytes,
+    )))
 }
 
 /// Logs a change of a stream's health, once (the crate reports each change once).

@@ -6,7 +6,8 @@
 //!   stream answers how many of them its engine holds as a leading run. The policy counts
 //!   in the fingerprint's blocks (bytes of the canonical prompt), so the engine's answer
 //!   becomes the same share of those: all of them when the engine holds every full block
-//!   of the prompt (its partial last block is never cached), else the held tokens' share.
+//!   of the prompt (its partial last block is never cached), else the held tokens' share
+//!   (of the estimated total, for a prompt keyed by its beginning only).
 //! - **Clears.** Every decision (every mode) first drops the modelled residency of a
 //!   replica whose engine cleared its whole cache (`AllBlocksCleared`, a restart) since the
 //!   last decision: what was sent there before is gone.
@@ -74,7 +75,7 @@ impl Brain {
 /// The engine's `held` leading blocks of `prompt`, as a count of the fingerprint's
 /// `blocks`.
 fn fingerprint_blocks(prompt: &PromptKeys, held: usize, blocks: usize) -> usize {
-    if held > 0 && held >= prompt.keys.len() {
+    if prompt.whole && held > 0 && held >= prompt.keys.len() {
         blocks
     } else {
         (blocks as f64 * prompt.share_of(held)).floor() as usize
@@ -93,6 +94,7 @@ mod tests {
             keys: (0..6).collect(),
             tokens: 100,
             block_size: 16,
+            whole: true,
         };
         assert_eq!(fingerprint_blocks(&prompt, 0, 10), 0);
         assert_eq!(
@@ -109,11 +111,19 @@ mod tests {
             keys: Vec::new(),
             tokens: 10,
             block_size: 16,
+            whole: true,
         };
         assert_eq!(
             fingerprint_blocks(&short, 0, 1),
             0,
             "no full block: nothing held"
         );
+        // Keys of a prompt's beginning only: holding them all is their share, not all.
+        let cut = PromptKeys {
+            whole: false,
+            tokens: 960,
+            ..prompt
+        };
+        assert_eq!(fingerprint_blocks(&cut, 6, 10), 1, "96 of 960 tokens");
     }
 }
