@@ -375,6 +375,7 @@ impl Brain {
     /// Makes `found` the replica set (engine discovery): replicas that stay keep their
     /// slot and state, those gone are dropped from decisions at once, new ones join held
     /// out until their first probe answers ([`crate::fleet::EngineEvents::engine_up`]).
+    /// With `[kv_events] port`, their KV events streams follow them.
     /// Returns the set after the change, by slot.
     pub fn set_replicas(&self, found: &[Member]) -> Vec<(usize, Member)> {
         let mut policy = lock(&self.policy);
@@ -395,6 +396,7 @@ impl Brain {
             members.place(slot, member);
             stats.reset(slot);
         }
+        self.kv_events.set_members(found);
         members.held().map(|(i, m)| (i, m.clone())).collect()
     }
 
