@@ -168,10 +168,10 @@ impl Streams {
         read(&self.streams).clone()
     }
 
-    /// Engine discovery found `members` (`ip:port` endpoints): with `[kv_events] port`,
-    /// each new one is followed at `tcp://<ip>:<port>` (a task at once, once [`spawn`]
-    /// ran), and the streams of those gone end. Without it, nothing changes.
-    pub fn set_members(&self, members: &[crate::discovery::Member]) {
+    /// Engine discovery found `members` (name, `ip:port` endpoint): with `[kv_events]
+    /// port`, each new one is followed at `tcp://<ip>:<port>` (a task at once, once
+    /// [`spawn`] ran), and the streams of those gone end. Without it, nothing changes.
+    pub fn set_members(&self, members: &[(&str, &str)]) {
         let Some((port, replay_port)) = self.discovered_ports else {
             return;
         };
@@ -179,22 +179,22 @@ impl Streams {
         {
             let mut streams = write(&self.streams);
             streams.retain(|stream| {
-                let stays = members.iter().any(|m| m.name == stream.name);
+                let stays = members.iter().any(|(name, _)| *name == stream.name);
                 if !stays {
                     stream.gone.send_replace(true);
                     info!(replica = %stream.name, "replica left: no longer following its KV events");
                 }
                 stays
             });
-            for member in members {
-                if streams.iter().any(|s| s.name == member.name) {
+            for &(name, endpoint) in members {
+                if streams.iter().any(|s| s.name == name) {
                     continue;
                 }
-                let Some((host, _)) = member.endpoint.rsplit_once(':') else {
+                let Some((host, _)) = endpoint.rsplit_once(':') else {
                     continue;
                 };
                 let stream = Arc::new(Stream::new(
-                    &member.name,
+                    name,
                     &format!("tcp://{host}:{port}"),
                     replay_port.map(|p| format!("tcp://{host}:{p}")).as_deref(),
                     &self.settings,
@@ -694,7 +694,6 @@ mod tests {
 
     #[tokio::test]
     async fn discovered_replicas_are_followed_at_their_address_while_they_stay() {
-        use crate::discovery::Member;
         use zeromq::{PubSocket, Socket, SocketSend};
         let mut publisher = PubSocket::new();
         let bound = publisher
@@ -720,10 +719,7 @@ mod tests {
         assert!(!streams.is_empty(), "replicas may join with streams");
         let (stop_tx, stop_rx) = watch::channel(false);
         assert!(spawn(Arc::clone(&streams), stop_rx).is_empty());
-        let pod = |name: &str| Member {
-            name: name.into(),
-            endpoint: "127.0.0.1:8000".into(),
-        };
+        let pod = |name: &'static str| (name, "127.0.0.1:8000");
         streams.set_members(&[pod("pod-a")]);
         let stream = streams.get("pod-a").expect("followed once found");
         assert_eq!(

@@ -396,7 +396,11 @@ impl Brain {
             members.place(slot, member);
             stats.reset(slot);
         }
-        self.kv_events.set_members(found);
+        let found_streams: Vec<(&str, &str)> = found
+            .iter()
+            .map(|m| (m.name.as_str(), m.endpoint.as_str()))
+            .collect();
+        self.kv_events.set_members(&found_streams);
         members.held().map(|(i, m)| (i, m.clone())).collect()
     }
 
