@@ -32,7 +32,7 @@
 //! prompt_tokens = "model"         # none | engine-sim | model: request → engine tokens (the picker)
 //! model_dir = "/models/gemma-3-270m"  # tokenizer.json, tokenizer_config.json, chat template
 //! max_prompt_bytes = 32768        # rendered prompt bytes tokenized; a longer one is keyed by its start
-//! pending_ms = 5000               # blocks sent count over a replica's events for this long
+//! pending_ms = 5000               # at most this long, blocks sent count over a replica's events
 //!
 //! [batch]                         # batch mode's HTTP front (on when replicas have urls)
 //! listen = "0.0.0.0:8000"

@@ -180,8 +180,9 @@ pub struct KvEventsSection {
     /// Rendered prompt bytes tokenized per request: a longer prompt is keyed by its
     /// beginning (a model's tokenizer costs about a microsecond per token).
     pub max_prompt_bytes: usize,
-    /// How long the blocks sent to a replica count there over what its events say, ms:
-    /// the time its engine may take to prefill them and publish the stores.
+    /// The longest the blocks sent to a replica count there over what its events say, ms:
+    /// the time its engine may take to prefill them and publish the stores. A replica with
+    /// enough first-byte reports uses its own time to first byte instead, when shorter.
     pub pending_ms: u64,
 }
 

@@ -171,8 +171,10 @@ pub struct Brain {
     kv_events: Arc<crate::kv_events::Streams>,
     /// Per replica name, the engine cache clears already applied to the policy.
     engine_clears: Mutex<std::collections::HashMap<String, u64>>,
-    /// `[kv_events] pending_ms`: blocks sent count over a replica's events for this long.
+    /// `[kv_events] pending_ms`: the longest a replica's blocks sent count over its events.
     kv_pending_ms: u64,
+    /// Each replica's pending window, from its times to first byte ([`observed`]).
+    pending: Mutex<observed::PendingWindows>,
 }
 
 impl crate::discovery::Replicas for Brain {
@@ -325,6 +327,7 @@ impl Brain {
             kv_events: Arc::new(crate::kv_events::Streams::new(config, clock)),
             engine_clears: Mutex::new(std::collections::HashMap::new()),
             kv_pending_ms: config.kv_events.pending_ms,
+            pending: Mutex::new(observed::PendingWindows::default()),
         }
     }
 
@@ -474,7 +477,7 @@ impl Brain {
             })
             .unwrap_or_default();
         let cohort = found.cohort;
-        let observed = self.observed(prompt, fp.blocks.len());
+        let observed = self.observed(prompt, fp.blocks.len(), now_ms);
         let (choice, rate, member, alternatives) = {
             let mut policy = lock(&self.policy);
             self.apply_engine_clears(&mut policy);
@@ -490,7 +493,6 @@ impl Brain {
                 now_ms,
                 track: assign.reports_progress,
                 observed: &observed,
-                observed_since_ms: now_ms.saturating_sub(self.kv_pending_ms),
             };
             let (choice, alternatives) = match among {
                 None => (policy.choose(&route), Vec::new()),
