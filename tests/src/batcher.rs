@@ -176,6 +176,20 @@ impl Batcher {
         let _ = std::fs::write(dir.join(name), page);
     }
 
+    /// Waits up to `within` for `done`, panicking with `what`, the metrics and the log.
+    pub fn wait_until(&self, what: &str, within: Duration, done: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + within;
+        while !done() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out: {what}\n{}\n{}",
+                self.metrics(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// One sample of `/metrics` by its full name with labels (`name` or `name{l="v"}`).
     pub fn metric(&self, series: &str) -> f64 {
         self.metrics()

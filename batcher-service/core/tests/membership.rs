@@ -15,7 +15,6 @@ fn req(blocks: &[u64], now_ms: u64) -> RouteRequest<'_> {
         now_ms,
         track: true,
         observed: &[],
-        observed_since_ms: 0,
     }
 }
 

@@ -1,6 +1,8 @@
 //! The replica-choice policy's rules, one test each (see `src/policy/mod.rs`).
 
-use cohort_batcher_core::policy::{shard_key, ChoiceReason, Policy, PolicyConfig, RouteRequest};
+use cohort_batcher_core::policy::{
+    shard_key, ChoiceReason, Observed, Policy, PolicyConfig, RouteRequest,
+};
 
 fn req(blocks: &[u64], cost: u32, now_ms: u64) -> RouteRequest<'_> {
     RouteRequest {
@@ -12,7 +14,6 @@ fn req(blocks: &[u64], cost: u32, now_ms: u64) -> RouteRequest<'_> {
         now_ms,
         track: false,
         observed: &[],
-        observed_since_ms: 0,
     }
 }
 
@@ -128,7 +129,6 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
         now_ms: 0,
         track: false,
         observed: &[],
-        observed_since_ms: 0,
     });
     // Different prompts, same cohort: no prefix distinguishes replicas, the owner does.
     for (i, b) in [200u64, 300, 400].iter().enumerate() {
@@ -141,7 +141,6 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
             now_ms: 1 + i as u64,
             track: false,
             observed: &[],
-            observed_since_ms: 0,
         });
         assert_eq!(c.replica, first.replica);
         assert_eq!(c.reason, ChoiceReason::Cohort);
@@ -158,7 +157,6 @@ fn cohort_owner_takes_requests_without_a_distinguishing_prefix() {
             now_ms: 11,
             track: false,
             observed: &[],
-            observed_since_ms: 0,
         });
         assert_eq!(c.replica, other);
         assert_eq!(c.reason, ChoiceReason::Prefix);
@@ -177,7 +175,6 @@ fn the_similar_replica_breaks_ties_only_among_equally_cheap_replicas_of_an_owner
         now_ms,
         track: false,
         observed: &[],
-        observed_since_ms: 0,
     };
     // A large slack keeps every replica eligible; the order among them is the test.
     let config = |replicas| PolicyConfig {
@@ -283,7 +280,7 @@ fn a_warmed_prefix_counts_as_held_for_its_ttl_and_routes_there() {
 }
 
 /// Where an engine publishes its cache, its own account replaces the modelled prefix,
-/// except for what was sent there too recently to be stored yet.
+/// except for what was sent there too recently to be published yet (per replica).
 #[test]
 fn the_engines_own_account_of_its_cache_overrides_the_model() {
     let mut p = Policy::new(PolicyConfig {
@@ -293,32 +290,40 @@ fn the_engines_own_account_of_its_cache_overrides_the_model() {
     let prompt = [1u64, 2, 3, 4];
     let home = p.choose(&req(&prompt, 400, 0)).replica;
     let other = 1 - home;
-    let with = |observed: &'static [Option<usize>], since, now| RouteRequest {
-        observed,
-        observed_since_ms: since,
-        ..req(&prompt, 400, now)
+    let seen = |held, pending_since_ms| {
+        Some(Observed {
+            held,
+            pending_since_ms,
+        })
     };
-    let observed: &'static [Option<usize>] = if home == 0 {
-        &[Some(0), Some(2)]
-    } else {
-        &[Some(2), Some(0)]
+    // Per slot: `home`'s account, the other's.
+    let by_slot = |home_says: Option<Observed>, other_says: Option<Observed>| {
+        if home == 0 {
+            vec![home_says, other_says]
+        } else {
+            vec![other_says, home_says]
+        }
+    };
+    let choose = |p: &mut Policy, observed: &[Option<Observed>], now| {
+        p.choose(&RouteRequest {
+            observed,
+            ..req(&prompt, 400, now)
+        })
     };
     // The model says `home` holds all four blocks; its engine says it evicted them, and the
     // other engine holds two (another router's traffic, a warm-up).
-    let moved = p.choose(&with(observed, 90_000, 100_000));
+    let moved = choose(&mut p, &by_slot(seen(0, 90_000), seen(2, 90_000)), 100_000);
     assert_eq!((moved.replica, moved.matched_blocks), (other, 2));
     assert_eq!(moved.reason, ChoiceReason::Prefix);
-    // Sent to `home` within the window: not stored yet, still counted there. (The choice
-    // above recorded the prompt on `other` at 100 s, which now counts there too.)
-    let pending: &'static [Option<usize>] = &[Some(0), Some(0)];
-    let c = p.choose(&with(pending, 100_000, 100_001));
-    assert_eq!((c.replica, c.matched_blocks), (other, 4));
+    // `home`'s window reaching back to its record (at 0): what was sent there counts again.
+    let c = choose(&mut p, &by_slot(seen(0, 0), seen(0, 200_000)), 100_001);
+    assert_eq!((c.replica, c.matched_blocks), (home, 4));
     // No account from either engine: the model alone, as without events.
-    let c = p.choose(&with(&[None, None], u64::MAX, 100_002));
+    let c = choose(&mut p, &[None, None], 100_002);
     assert_eq!(c.matched_blocks, 4);
     // An engine's account beyond the request's blocks is cut to them.
-    let long: &'static [Option<usize>] = &[Some(9), Some(9)];
-    assert_eq!(p.choose(&with(long, u64::MAX, 100_003)).matched_blocks, 4);
+    let long = by_slot(seen(9, u64::MAX), seen(9, u64::MAX));
+    assert_eq!(choose(&mut p, &long, 100_003).matched_blocks, 4);
 }
 
 /// A cleared engine (a cache reset, a restart) holds nothing in the model either.

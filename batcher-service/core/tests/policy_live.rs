@@ -13,7 +13,6 @@ fn req(blocks: &[u64], cost: u32, now_ms: u64) -> RouteRequest<'_> {
         now_ms,
         track: true,
         observed: &[],
-        observed_since_ms: 0,
     }
 }
 
@@ -202,7 +201,6 @@ fn a_new_conversation_of_an_owned_cohort_goes_by_wait_not_to_its_owner() {
             now_ms,
             track: true,
             observed: &[],
-            observed_since_ms: 0,
         })
     };
     let first = conversation(&mut p, &[1000, 2000], 1);
@@ -237,7 +235,6 @@ fn on_an_idle_fleet_a_new_prefix_goes_where_the_cache_has_room_not_to_its_cohort
             now_ms: 10 * (app + 1),
             track: true,
             observed: &[],
-            observed_since_ms: 0,
         });
         // It finishes before the next one arrives: the fleet is idle again.
         p.first_byte(c.ticket, 5, 10 * (app + 1) + 5);

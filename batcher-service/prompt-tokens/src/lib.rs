@@ -69,10 +69,11 @@ pub enum PromptTokenizer {
 }
 
 impl PromptTokenizer {
-    /// The token ids the engine prefills for `body` on `api`.
-    pub fn tokens(&self, api: Api, body: &[u8]) -> Result<Vec<u32>, PromptError> {
+    /// The prompt text the engine tokenizes for `body` on `api`, and whether the tokenizer
+    /// adds its special tokens to it.
+    pub fn render(&self, api: Api, body: &[u8]) -> Result<(String, bool), PromptError> {
         match self {
-            PromptTokenizer::Model(model) => model.tokens(api, &object(body)?),
+            PromptTokenizer::Model(model) => model.render_request(api, &object(body)?),
             PromptTokenizer::EngineSim => {
                 let api = match api {
                     Api::Chat => render::Api::Chat,
@@ -80,9 +81,23 @@ impl PromptTokenizer {
                 };
                 let request =
                     render::parse(api, body).map_err(|e| PromptError::Body(e.to_string()))?;
-                Ok(cohort_engine_sim::tokenizer::tokenize(&request.prompt))
+                Ok((request.prompt, false))
             }
         }
+    }
+
+    /// The token ids of a rendered prompt.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptError> {
+        match self {
+            PromptTokenizer::Model(model) => model.encode(text, add_special_tokens),
+            PromptTokenizer::EngineSim => Ok(cohort_engine_sim::tokenizer::tokenize(text)),
+        }
+    }
+
+    /// The token ids the engine prefills for `body` on `api`.
+    pub fn tokens(&self, api: Api, body: &[u8]) -> Result<Vec<u32>, PromptError> {
+        let (text, add_special_tokens) = self.render(api, body)?;
+        self.encode(&text, add_special_tokens)
     }
 }
 
@@ -91,9 +106,13 @@ impl PromptTokenizer {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PromptKeys {
     pub keys: Vec<u64>,
+    /// The prompt's tokens (estimated when it was cut: [`Prompts::new`]).
     pub tokens: usize,
     /// The engine's block size, tokens.
     pub block_size: usize,
+    /// Whether `keys` run to the prompt's last full block (`false`: the prompt was longer
+    /// than the bytes tokenized, and the keys cover its beginning).
+    pub whole: bool,
 }
 
 impl PromptKeys {
@@ -106,27 +125,48 @@ impl PromptKeys {
     }
 }
 
-/// The tokenizer and the engines' block size.
+/// The tokenizer, the engines' block size, and how much of a prompt is tokenized.
 pub struct Prompts {
     tokenizer: PromptTokenizer,
     block_size: usize,
+    max_prompt_bytes: usize,
 }
 
 impl Prompts {
-    pub fn new(tokenizer: PromptTokenizer, block_size: u32) -> Prompts {
+    /// Prompts keyed in blocks of `block_size` tokens. A rendered prompt longer than
+    /// `max_prompt_bytes` is tokenized up to that many bytes (a model's tokenizer costs
+    /// about a microsecond per token, docs/KV-EVENTS.md): its keys cover that beginning,
+    /// less the last block (the cut may have split a token), and its token count is
+    /// estimated at the tokenized part's bytes per token.
+    pub fn new(tokenizer: PromptTokenizer, block_size: u32, max_prompt_bytes: usize) -> Prompts {
         Prompts {
             tokenizer,
             block_size: block_size.max(1) as usize,
+            max_prompt_bytes: max_prompt_bytes.max(1),
         }
     }
 
     /// The block keys of `body`'s prompt on `api`.
     pub fn keys(&self, api: Api, body: &[u8]) -> Result<PromptKeys, PromptError> {
-        let tokens = self.tokenizer.tokens(api, body)?;
+        let (text, add_special_tokens) = self.tokenizer.render(api, body)?;
+        let mut cut = text.len().min(self.max_prompt_bytes);
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let tokens = self.tokenizer.encode(&text[..cut], add_special_tokens)?;
+        let mut keys = cohort_kv_events::residency::prefix_keys(&tokens, self.block_size);
+        let whole = cut == text.len();
+        let total = if whole || cut == 0 {
+            tokens.len()
+        } else {
+            keys.pop();
+            (tokens.len() as f64 * text.len() as f64 / cut as f64).round() as usize
+        };
         Ok(PromptKeys {
-            keys: cohort_kv_events::residency::prefix_keys(&tokens, self.block_size),
-            tokens: tokens.len(),
+            keys,
+            tokens: total,
             block_size: self.block_size,
+            whole,
         })
     }
 }
@@ -145,7 +185,7 @@ mod tests {
 
     #[test]
     fn engine_sim_keys_are_the_simulators_blocks() {
-        let prompts = Prompts::new(PromptTokenizer::EngineSim, 4);
+        let prompts = Prompts::new(PromptTokenizer::EngineSim, 4, 1 << 20);
         let body = br#"{"messages":[{"role":"system","content":"You are a helpful bank assistant."},{"role":"user","content":"hi"}]}"#;
         let keys = prompts.keys(Api::Chat, body).unwrap();
         let rendered = "system\nYou are a helpful bank assistant.\nuser\nhi\n";
@@ -157,6 +197,7 @@ mod tests {
             "the same chain the residency index builds from the simulator's events"
         );
         assert_eq!(keys.keys.len(), ids.len() / 4);
+        assert!(keys.whole);
         assert_eq!(
             keys.share_of(keys.keys.len()),
             (keys.keys.len() * 4) as f64 / ids.len() as f64
@@ -166,7 +207,7 @@ mod tests {
 
     #[test]
     fn bodies_the_engine_would_refuse_have_no_keys() {
-        let prompts = Prompts::new(PromptTokenizer::EngineSim, 16);
+        let prompts = Prompts::new(PromptTokenizer::EngineSim, 16, 1 << 20);
         for body in [
             &b"not json"[..],
             b"[1]",
@@ -179,9 +220,39 @@ mod tests {
             );
         }
         assert!(matches!(
-            Prompts::new(PromptTokenizer::EngineSim, 16).keys(Api::Chat, b"{}"),
+            Prompts::new(PromptTokenizer::EngineSim, 16, 1 << 20).keys(Api::Chat, b"{}"),
             Err(PromptError::Body(_))
         ));
         assert_eq!(PromptKeys::default().share_of(3), 0.0);
+    }
+
+    #[test]
+    fn a_prompt_past_max_prompt_bytes_is_keyed_by_its_beginning() {
+        // "user\n" + 4,000 bytes + "\n": 1,002 simulator tokens, 62 blocks of 16.
+        let body =
+            serde_json::json!({"messages": [{"role": "user", "content": "ab".repeat(2000)}]})
+                .to_string();
+        let whole = Prompts::new(PromptTokenizer::EngineSim, 16, 1 << 20)
+            .keys(Api::Chat, body.as_bytes())
+            .unwrap();
+        assert_eq!(
+            (whole.tokens, whole.keys.len(), whole.whole),
+            (1002, 62, true)
+        );
+        // Cut at 1,000 bytes (250 tokens, 15 full blocks): 14 keys, the same as the whole
+        // prompt's first 14, and the total estimated from the bytes.
+        let cut = Prompts::new(PromptTokenizer::EngineSim, 16, 1_000)
+            .keys(Api::Chat, body.as_bytes())
+            .unwrap();
+        assert_eq!(cut.keys[..], whole.keys[..14]);
+        assert!(!cut.whole);
+        assert_eq!(cut.tokens, 1002);
+        // A cut inside a multi-byte character moves back to its start.
+        let wide = serde_json::json!({"messages": [{"role": "user", "content": "é".repeat(100)}]})
+            .to_string();
+        let keys = Prompts::new(PromptTokenizer::EngineSim, 1, 8)
+            .keys(Api::Chat, wide.as_bytes())
+            .unwrap();
+        assert!(!keys.whole && keys.tokens > 0);
     }
 }

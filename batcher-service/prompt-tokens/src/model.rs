@@ -124,23 +124,39 @@ impl ModelTokens {
             .map_err(|e| PromptError::Template(e.to_string()))
     }
 
-    /// The token ids the engine prefills for a request on `api`.
-    pub fn tokens(&self, api: Api, body: &Map<String, Value>) -> Result<Vec<u32>, PromptError> {
-        let (text, add_special_tokens) = match api {
-            Api::Chat => (self.render(body)?, false),
+    /// The prompt text for a request on `api`, and whether the tokenizer adds its
+    /// special tokens: a chat request rendered by the template (which writes them), a
+    /// completions `prompt` string as it is (with them).
+    pub fn render_request(
+        &self,
+        api: Api,
+        body: &Map<String, Value>,
+    ) -> Result<(String, bool), PromptError> {
+        match api {
+            Api::Chat => Ok((self.render(body)?, false)),
             Api::Completions => match body.get("prompt") {
-                Some(Value::String(prompt)) => (prompt.clone(), true),
+                Some(Value::String(prompt)) => Ok((prompt.clone(), true)),
                 Some(Value::Array(parts)) if parts.len() == 1 && parts[0].is_string() => {
-                    (parts[0].as_str().unwrap_or_default().to_owned(), true)
+                    Ok((parts[0].as_str().unwrap_or_default().to_owned(), true))
                 }
-                _ => return Err(PromptError::Body("`prompt` must be a string".into())),
+                _ => Err(PromptError::Body("`prompt` must be a string".into())),
             },
-        };
+        }
+    }
+
+    /// The token ids of `text`.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptError> {
         let encoding = self
             .tokenizer
             .encode_fast(text, add_special_tokens)
             .map_err(|e| PromptError::Tokenizer(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The token ids the engine prefills for a request on `api`.
+    pub fn tokens(&self, api: Api, body: &Map<String, Value>) -> Result<Vec<u32>, PromptError> {
+        let (text, add_special_tokens) = self.render_request(api, body)?;
+        self.encode(&text, add_special_tokens)
     }
 }
 

@@ -162,10 +162,12 @@ fn the_template_file_serves_when_the_config_has_none_and_a_named_list_gives_its_
     let a = Prompts::new(
         PromptTokenizer::Model(Box::new(ModelTokens::load(from_file.path()).unwrap())),
         2,
+        1 << 20,
     );
     let b = Prompts::new(
         PromptTokenizer::Model(Box::new(ModelTokens::load(named.path()).unwrap())),
         2,
+        1 << 20,
     );
     let keys = a.keys(Api::Chat, &body).unwrap();
     assert_eq!(keys, b.keys(Api::Chat, &body).unwrap());

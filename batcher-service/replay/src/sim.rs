@@ -316,7 +316,6 @@ impl Router {
                             now_ms: req.timestamp_ms,
                             track: false,
                             observed: &[],
-                            observed_since_ms: 0,
                         })
                         .replica
                     }

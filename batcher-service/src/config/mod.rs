@@ -31,7 +31,8 @@
 //! replay_port = 5558              # and their replay socket
 //! prompt_tokens = "model"         # none | engine-sim | model: request → engine tokens (the picker)
 //! model_dir = "/models/gemma-3-270m"  # tokenizer.json, tokenizer_config.json, chat template
-//! pending_ms = 5000               # blocks sent count over a replica's events for this long
+//! max_prompt_bytes = 32768        # rendered prompt bytes tokenized; a longer one is keyed by its start
+//! pending_ms = 5000               # at most this long, blocks sent count over a replica's events
 //!
 //! [batch]                         # batch mode's HTTP front (on when replicas have urls)
 //! listen = "0.0.0.0:8000"
@@ -662,6 +663,10 @@ mod tests {
             ),
             (replica("[kv_events]\nport = 0"), "ports must be 1-65535"),
             (
+                replica("[kv_events]\nmax_prompt_bytes = 0"),
+                "kv_events.max_prompt_bytes",
+            ),
+            (
                 replica("[kv_events]\nprompt_tokens = \"model\""),
                 "needs model_dir",
             ),
@@ -692,7 +697,8 @@ mod tests {
              [[replicas]]\nname = \"b\"\nurl = \"http://vllm-1.llm.svc:8000\"\n\
              kv_events = \"tcp://10.9.9.9:7000\"\n\
              [[replicas]]\nname = \"c\"\nurl = \"http://[fd00::7]:8000\"\n\
-             [kv_events]\nport = 5557\nreplay_port = 5558\nprompt_tokens = \"engine-sim\"\npending_ms = 900\n",
+             [kv_events]\nport = 5557\nreplay_port = 5558\nprompt_tokens = \"engine-sim\"\npending_ms = 900\n\
+             max_prompt_bytes = 4096\n",
         )
         .unwrap();
         let mut a = args(&[]);
@@ -719,6 +725,7 @@ mod tests {
         );
         assert_eq!(config.kv_events.prompt_tokens, PromptTokensKind::EngineSim);
         assert_eq!(config.kv_events.pending_ms, 900);
+        assert_eq!(config.kv_events.max_prompt_bytes, 4096);
         // Without `port`, nothing is derived.
         let plain = ServeConfig::load(&args(&["a=http://10.0.0.5:8000"]), None).unwrap();
         assert!(plain.replicas[0].kv_events.is_none());

@@ -177,8 +177,12 @@ pub struct KvEventsSection {
     /// `tokenizer_config.json`, and the chat template (its `chat_template`, else
     /// `chat_template.jinja`).
     pub model_dir: Option<std::path::PathBuf>,
-    /// How long the blocks sent to a replica count there over what its events say, ms:
-    /// the time its engine may take to prefill them and publish the stores.
+    /// Rendered prompt bytes tokenized per request: a longer prompt is keyed by its
+    /// beginning (a model's tokenizer costs about a microsecond per token).
+    pub max_prompt_bytes: usize,
+    /// The longest the blocks sent to a replica count there over what its events say, ms:
+    /// the time its engine may take to prefill them and publish the stores. A replica with
+    /// enough first-byte reports uses its own time to first byte instead, when shorter.
     pub pending_ms: u64,
 }
 
@@ -212,6 +216,7 @@ impl Default for KvEventsSection {
             replay_port: None,
             prompt_tokens: PromptTokensKind::None,
             model_dir: None,
+            max_prompt_bytes: 32_768,
             pending_ms: 5_000,
         }
     }

@@ -128,6 +128,7 @@ impl ServeConfig {
             ("recover_after", k.recover_after == 0),
             ("replay_timeout_ms", k.replay_timeout_ms == 0),
             ("max_held", k.max_held == 0),
+            ("max_prompt_bytes", k.max_prompt_bytes == 0),
         ];
         if let Some((name, _)) = zero.iter().find(|(_, is_zero)| *is_zero) {
             return Err(ConfigError::KvEvents(format!("{name} must be at least 1")));

@@ -28,7 +28,7 @@ use cohort_kv_events::replica::{Outcome, ReplicaEvents};
 use cohort_kv_events::subscriber::{self, FrameCounters, SubscriberConfig};
 use cohort_prompt_tokens::{ModelTokens, PromptTokenizer, Prompts};
 use state::{Activity, View};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -44,6 +44,15 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// One replica's stream.
 pub struct Stream {
     /// The replica's name (the `replica` label).
@@ -52,6 +61,8 @@ pub struct Stream {
     replica: Arc<Mutex<ReplicaEvents>>,
     frames: Arc<Mutex<FrameCounters>>,
     activity: Mutex<Activity>,
+    /// Turns true when the replica left (engine discovery): its task ends.
+    gone: watch::Sender<bool>,
 }
 
 impl Stream {
@@ -86,49 +97,145 @@ impl Stream {
     }
 }
 
-/// Every stream of this batcher, in configuration order.
+/// Every stream of this batcher: the configured replicas' in configuration order, then the
+/// discovered replicas' as they join.
 pub struct Streams {
-    streams: Vec<Stream>,
+    streams: RwLock<Vec<Arc<Stream>>>,
     clock: Clock,
+    /// The settings every stream is read with.
+    settings: Settings,
+    /// `[kv_events] port` (and `replay_port`) with `[discovery]`: a discovered replica's
+    /// events are at its address on these ports.
+    discovered_ports: Option<(u16, Option<u16>)>,
+    /// Set by [`spawn`]: where a stream added later runs its task, and the stop signal.
+    running: Mutex<Option<(tokio::runtime::Handle, watch::Receiver<bool>)>>,
+}
+
+/// What each stream is read with (`[kv_events]`).
+struct Settings {
+    replica: cohort_kv_events::replica::ReplicaConfig,
+    topic: String,
 }
 
 impl Streams {
     /// A stream for each configured replica with `kv_events`, followed from now (no task
     /// yet: [`spawn`]).
     pub fn new(config: &ServeConfig, clock: Clock) -> Streams {
-        let replica_config = config.kv_events.replica_config();
+        let settings = Settings {
+            replica: config.kv_events.replica_config(),
+            topic: config.kv_events.topic.clone(),
+        };
         let streams = config
             .replicas
             .iter()
             .filter_map(|r| {
                 let endpoint = r.kv_events.as_ref()?;
-                Some(Stream {
-                    name: r.name.clone(),
-                    subscriber: SubscriberConfig {
-                        endpoint: endpoint.as_str().to_owned(),
-                        replay_endpoint: r.kv_events_replay.as_ref().map(|e| e.as_str().to_owned()),
-                        topic: config.kv_events.topic.clone(),
-                        tick: TICK,
-                    },
-                    replica: Arc::new(Mutex::new(ReplicaEvents::new(
-                        &replica_config,
-                        Instant::now(),
-                    ))),
-                    frames: Arc::default(),
-                    activity: Mutex::new(Activity::new(clock.now_ms())),
-                })
+                Some(Arc::new(Stream::new(
+                    &r.name,
+                    endpoint.as_str(),
+                    r.kv_events_replay.as_ref().map(|e| e.as_str()),
+                    &settings,
+                    clock,
+                )))
             })
             .collect();
-        Streams { streams, clock }
+        let discovered_ports = config
+            .discovery
+            .dns
+            .as_ref()
+            .and(config.kv_events.port)
+            .map(|port| (port, config.kv_events.replay_port));
+        Streams {
+            streams: RwLock::new(streams),
+            clock,
+            settings,
+            discovered_ports,
+            running: Mutex::new(None),
+        }
     }
 
+    /// Whether no replica has a stream, and none can get one.
     pub fn is_empty(&self) -> bool {
-        self.streams.is_empty()
+        self.discovered_ports.is_none() && self.all().is_empty()
     }
 
     /// The stream of the replica named `name`, if it has one.
-    pub fn get(&self, name: &str) -> Option<&Stream> {
-        self.streams.iter().find(|s| s.name == name)
+    pub fn get(&self, name: &str) -> Option<Arc<Stream>> {
+        read(&self.streams).iter().find(|s| s.name == name).cloned()
+    }
+
+    fn all(&self) -> Vec<Arc<Stream>> {
+        read(&self.streams).clone()
+    }
+
+    /// Engine discovery found `members` (name, `ip:port` endpoint): with `[kv_events]
+    /// port`, each new one is followed at `tcp://<ip>:<port>` (a task at once, once
+    /// [`spawn`] ran), and the streams of those gone end. Without it, nothing changes.
+    pub fn set_members(&self, members: &[(&str, &str)]) {
+        let Some((port, replay_port)) = self.discovered_ports else {
+            return;
+        };
+        let mut added = Vec::new();
+        {
+            let mut streams = write(&self.streams);
+            streams.retain(|stream| {
+                let stays = members.iter().any(|(name, _)| *name == stream.name);
+                if !stays {
+                    stream.gone.send_replace(true);
+                    info!(replica = %stream.name, "replica left: no longer following its KV events");
+                }
+                stays
+            });
+            for &(name, endpoint) in members {
+                if streams.iter().any(|s| s.name == name) {
+                    continue;
+                }
+                let Some((host, _)) = endpoint.rsplit_once(':') else {
+                    continue;
+                };
+                let stream = Arc::new(Stream::new(
+                    name,
+                    &format!("tcp://{host}:{port}"),
+                    replay_port.map(|p| format!("tcp://{host}:{p}")).as_deref(),
+                    &self.settings,
+                    self.clock,
+                ));
+                streams.push(Arc::clone(&stream));
+                added.push(stream);
+            }
+        }
+        if let Some((runtime, stop)) = lock(&self.running).as_ref() {
+            for stream in added {
+                runtime.spawn(follow(stream, self.clock, stop.clone()));
+            }
+        }
+    }
+}
+
+impl Stream {
+    fn new(
+        name: &str,
+        endpoint: &str,
+        replay_endpoint: Option<&str>,
+        settings: &Settings,
+        clock: Clock,
+    ) -> Stream {
+        Stream {
+            name: name.to_owned(),
+            subscriber: SubscriberConfig {
+                endpoint: endpoint.to_owned(),
+                replay_endpoint: replay_endpoint.map(str::to_owned),
+                topic: settings.topic.clone(),
+                tick: TICK,
+            },
+            replica: Arc::new(Mutex::new(ReplicaEvents::new(
+                &settings.replica,
+                Instant::now(),
+            ))),
+            frames: Arc::default(),
+            activity: Mutex::new(Activity::new(clock.now_ms())),
+            gone: watch::channel(false).0,
+        }
     }
 }
 
@@ -172,7 +279,11 @@ pub fn prompts(
             })
         }
     };
-    Ok(Some(Prompts::new(tokenizer, config.block_size)))
+    Ok(Some(Prompts::new(
+        tokenizer,
+        config.block_size,
+        config.max_prompt_bytes,
+    )))
 }
 
 /// Logs a change of a stream's health, once (the crate reports each change once).
@@ -191,19 +302,23 @@ fn log_change(name: &str, outcome: &Outcome) {
     }
 }
 
-/// Spawns one task per stream; they end when `stop` turns true.
+/// Spawns one task per stream, and one for each stream a discovered replica adds later;
+/// they end when `stop` turns true (or, for a discovered replica, when it leaves). Returns
+/// the tasks of the streams there now.
 pub fn spawn(
     streams: Arc<Streams>,
     stop: watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    (0..streams.streams.len())
-        .map(|index| tokio::spawn(follow(Arc::clone(&streams), index, stop.clone())))
+    *lock(&streams.running) = Some((tokio::runtime::Handle::current(), stop.clone()));
+    streams
+        .all()
+        .into_iter()
+        .map(|stream| tokio::spawn(follow(stream, streams.clock, stop.clone())))
         .collect()
 }
 
-async fn follow(streams: Arc<Streams>, index: usize, mut stop: watch::Receiver<bool>) {
-    let stream = &streams.streams[index];
-    let clock = streams.clock;
+async fn follow(stream: Arc<Stream>, clock: Clock, mut stop: watch::Receiver<bool>) {
+    let mut gone = stream.gone.subscribe();
     let name = stream.name.as_str();
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -238,6 +353,7 @@ async fn follow(streams: Arc<Streams>, index: usize, mut stop: watch::Receiver<b
                 }
                 _ = ticks.tick() => log_change(name, &stream.tick(Instant::now(), clock.now_ms())),
                 _ = stop.wait_for(|s| *s) => return,
+                _ = gone.wait_for(|g| *g) => return,
             }
         };
         loop {
@@ -245,6 +361,7 @@ async fn follow(streams: Arc<Streams>, index: usize, mut stop: watch::Receiver<b
                 _ = tokio::time::sleep_until(retry_at) => break,
                 _ = ticks.tick() => log_change(name, &stream.tick(Instant::now(), clock.now_ms())),
                 _ = stop.wait_for(|s| *s) => return,
+                _ = gone.wait_for(|g| *g) => return,
             }
         }
     }
@@ -256,12 +373,12 @@ type Read = fn(&View) -> u64;
 /// The streams' part of `/metrics`, per replica with a stream.
 impl MetricSource for Streams {
     fn write_metrics(&self, scrape: &mut Scrape<'_>) {
-        if self.streams.is_empty() {
+        let streams = self.all();
+        if streams.is_empty() {
             return;
         }
         let now_ms = self.clock.now_ms();
-        let views: Vec<(String, View)> = self
-            .streams
+        let views: Vec<(String, View)> = streams
             .iter()
             .map(|s| (s.name.clone(), s.view(now_ms)))
             .collect();
@@ -573,6 +690,78 @@ mod tests {
                 .expect("the task stops")
                 .unwrap();
         }
+    }
+
+    #[tokio::test]
+    async fn discovered_replicas_are_followed_at_their_address_while_they_stay() {
+        use zeromq::{PubSocket, Socket, SocketSend};
+        let mut publisher = PubSocket::new();
+        let bound = publisher
+            .bind("tcp://127.0.0.1:0")
+            .await
+            .unwrap()
+            .to_string();
+        let port: u16 = bound.rsplit_once(':').unwrap().1.parse().unwrap();
+        let config = ServeConfig {
+            discovery: crate::config::DiscoverySection {
+                dns: Some("engines.llm.svc".into()),
+                ..Default::default()
+            },
+            kv_events: KvEventsSection {
+                port: Some(port),
+                replay_port: Some(port + 1),
+                ..cpu()
+            },
+            ..ServeConfig::default()
+        };
+        let clock = Clock::start();
+        let streams = Arc::new(Streams::new(&config, clock));
+        assert!(!streams.is_empty(), "replicas may join with streams");
+        let (stop_tx, stop_rx) = watch::channel(false);
+        assert!(spawn(Arc::clone(&streams), stop_rx).is_empty());
+        let pod = |name: &'static str| (name, "127.0.0.1:8000");
+        streams.set_members(&[pod("pod-a")]);
+        let stream = streams.get("pod-a").expect("followed once found");
+        assert_eq!(
+            stream.subscriber.endpoint,
+            format!("tcp://127.0.0.1:{port}")
+        );
+        assert_eq!(
+            stream.subscriber.replay_endpoint,
+            Some(format!("tcp://127.0.0.1:{}", port + 1))
+        );
+        // Its task follows the engine's stream.
+        let first = cohort_kv_events::testing::zmq_message(
+            cohort_kv_events::testing::recording("stream.jsonl").remove(0),
+        );
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while stream.view(clock.now_ms()).totals.applied == 0 {
+            assert!(Instant::now() < deadline, "never followed");
+            publisher.send(first.clone()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Found again with another: the first keeps its stream, the second gets one.
+        streams.set_members(&[pod("pod-a"), pod("pod-b")]);
+        assert!(Arc::ptr_eq(&stream, &streams.get("pod-a").unwrap()));
+        assert!(streams.get("pod-b").is_some());
+        // Gone: no stream, and its task ends (it held the other reference).
+        streams.set_members(&[pod("pod-b")]);
+        assert!(streams.get("pod-a").is_none());
+        while Arc::strong_count(&stream) > 1 {
+            assert!(Instant::now() < deadline, "the task outlived its replica");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop_tx.send(true).unwrap();
+        // Without `port`, discovery adds no stream.
+        let plain = Streams::new(
+            &ServeConfig {
+                discovery: config.discovery.clone(),
+                ..ServeConfig::default()
+            },
+            clock,
+        );
+        plain.set_members(&[pod("pod-a")]);
+        assert!(plain.get("pod-a").is_none() && plain.is_empty());
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! | [`filter_config`] | the filter's plugin configuration JSON |
 //! | [`response_usage`] | the end of an engine's response, as the filter reads its cached tokens |
 //! | [`kv_events`] | a payload of vLLM's KV events stream, decoded and applied, and a stream of them through one replica's sequencing |
+//! | [`prompt_tokens`] | a request body rendered, tokenized and keyed in the engine's blocks, by engine-sim's tokenizer and a model's (the shipped Gemma chat template) |
 
 pub mod assign_reply;
 pub mod body;
@@ -33,6 +34,7 @@ pub mod kv_events;
 pub mod line;
 pub mod mutate;
 pub mod normalize;
+pub mod prompt_tokens;
 pub mod response_usage;
 pub mod sketch;
 
@@ -80,6 +82,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "kv_events",
         run: kv_events::kv_events,
+    },
+    Target {
+        name: "prompt_tokens",
+        run: prompt_tokens::prompt_tokens,
     },
 ];
 

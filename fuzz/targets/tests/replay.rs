@@ -140,6 +140,11 @@ fn kv_events() {
 }
 
 #[test]
+fn prompt_tokens() {
+    fuzz("prompt_tokens");
+}
+
+#[test]
 fn every_target_is_tested_and_has_seeds() {
     for target in cohort_fuzz_targets::TARGETS {
         let dir = fuzz_dir().join("corpus").join(target.name);

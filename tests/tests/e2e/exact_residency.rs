@@ -17,7 +17,7 @@ use cohort_tests::engine_sim::SimFleet;
 use cohort_tests::envoy::Envoy;
 use cohort_tests::free_port;
 use serde_json::json;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -40,16 +40,7 @@ fn served_by(port: u16, body: &[u8]) -> usize {
 }
 
 fn wait(what: &str, batcher: &Batcher, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out: {what}\n{}\n{}",
-            batcher.metrics(),
-            batcher.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    batcher.wait_until(what, Duration::from_secs(10), done);
 }
 
 #[test]

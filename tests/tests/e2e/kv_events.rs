@@ -14,16 +14,7 @@ use std::time::{Duration, Instant};
 use zeromq::{PubSocket, RouterSocket, Socket, SocketSend};
 
 fn wait(what: &str, batcher: &Batcher, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out: {what}\n{}\n{}",
-            batcher.metrics(),
-            batcher.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    batcher.wait_until(what, Duration::from_secs(5), done);
 }
 
 fn replicas(batcher: &Batcher) -> Vec<Value> {

@@ -20,18 +20,25 @@ pub struct RouteRequest<'a> {
     pub cost: u32,
     /// Injected time.
     pub now_ms: u64,
-    /// Per slot, the leading blocks of `blocks` that the replica's engine holds by its own
-    /// account (its KV cache events), or `None` where the modelled residency stands (no
-    /// stream, an unhealthy one, a request the batcher could not tokenize). Empty: every
-    /// slot modelled. See [`super::Policy::choose`], rule 1.
-    pub observed: &'a [Option<usize>],
-    /// Blocks a request brought to a replica at or after this time still count where its
-    /// engine's account has less: the engine has not stored them yet (they are being
-    /// prefilled, or their events are on the way).
-    pub observed_since_ms: u64,
+    /// Per slot, what the replica's engine holds of `blocks` by its own account (its KV
+    /// cache events), or `None` where the modelled residency stands (no stream, an
+    /// unhealthy one, a request the batcher could not tokenize). Empty: every slot
+    /// modelled. See [`super::Policy::choose`], rule 1.
+    pub observed: &'a [Option<Observed>],
     /// Whether the caller will report the request's progress ([`super::Policy::first_byte`],
     /// [`super::Policy::end`]): only then is a ticket opened for it.
     pub track: bool,
+}
+
+/// One replica's own account of a request's prefix ([`RouteRequest::observed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observed {
+    /// Leading blocks of the request the engine holds.
+    pub held: usize,
+    /// Blocks a request brought to this replica at or after this time count too, where
+    /// longer: the engine has not published them yet (they are being prefilled, or their
+    /// events are on the way).
+    pub pending_since_ms: u64,
 }
 
 /// Why a replica was chosen.

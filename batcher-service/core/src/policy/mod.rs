@@ -27,7 +27,7 @@
 //!
 //! 1. For each replica `r`: `matched_r` (the modelled prefix; where the engine publishes
 //!    its cache, [`RouteRequest::observed`], what it holds by its own account, or what was
-//!    sent there since [`RouteRequest::observed_since_ms`] if longer), the uncached prompt if placed there,
+//!    sent there since [`Observed::pending_since_ms`] if longer), the uncached prompt if placed there,
 //!    `u_r = c · (n − matched_r) / n` (only the uncached part is prefilled), and the load
 //!    model's projected cost `P_r`.
 //! 2. A replica is *eligible* iff it is available ([`health`]; when none is, all are) and
@@ -97,7 +97,7 @@ pub mod owners;
 pub mod prefix_state;
 mod snapshot;
 
-pub use self::choice::{Choice, ChoiceReason, RouteRequest};
+pub use self::choice::{Choice, ChoiceReason, Observed, RouteRequest};
 pub use self::config::PolicyConfig;
 pub use self::health::ReplicaHealth;
 pub use self::snapshot::{PolicySnapshot, ReplicaSnapshot};
@@ -283,11 +283,10 @@ impl Policy {
             let (modelled, uses) = self.states[r].matched_uses(blocks, now);
             let matched = match req.observed.get(r).copied().flatten() {
                 None => modelled,
-                Some(observed) => observed.min(blocks.len()).max(self.states[r].matched_since(
-                    blocks,
-                    req.observed_since_ms,
-                    now,
-                )),
+                Some(observed) => observed
+                    .held
+                    .min(blocks.len())
+                    .max(self.states[r].matched_since(blocks, observed.pending_since_ms, now)),
             };
             let uncached = if blocks.is_empty() {
                 cost

@@ -171,8 +171,10 @@ pub struct Brain {
     kv_events: Arc<crate::kv_events::Streams>,
     /// Per replica name, the engine cache clears already applied to the policy.
     engine_clears: Mutex<std::collections::HashMap<String, u64>>,
-    /// `[kv_events] pending_ms`: blocks sent count over a replica's events for this long.
+    /// `[kv_events] pending_ms`: the longest a replica's blocks sent count over its events.
     kv_pending_ms: u64,
+    /// Each replica's pending window, from its times to first byte ([`observed`]).
+    pending: Mutex<observed::PendingWindows>,
 }
 
 impl crate::discovery::Replicas for Brain {
@@ -325,6 +327,7 @@ impl Brain {
             kv_events: Arc::new(crate::kv_events::Streams::new(config, clock)),
             engine_clears: Mutex::new(std::collections::HashMap::new()),
             kv_pending_ms: config.kv_events.pending_ms,
+            pending: Mutex::new(observed::PendingWindows::default()),
         }
     }
 
@@ -375,6 +378,7 @@ impl Brain {
     /// Makes `found` the replica set (engine discovery): replicas that stay keep their
     /// slot and state, those gone are dropped from decisions at once, new ones join held
     /// out until their first probe answers ([`crate::fleet::EngineEvents::engine_up`]).
+    /// With `[kv_events] port`, their KV events streams follow them.
     /// Returns the set after the change, by slot.
     pub fn set_replicas(&self, found: &[Member]) -> Vec<(usize, Member)> {
         let mut policy = lock(&self.policy);
@@ -395,6 +399,11 @@ impl Brain {
             members.place(slot, member);
             stats.reset(slot);
         }
+        let found_streams: Vec<(&str, &str)> = found
+            .iter()
+            .map(|m| (m.name.as_str(), m.endpoint.as_str()))
+            .collect();
+        self.kv_events.set_members(&found_streams);
         members.held().map(|(i, m)| (i, m.clone())).collect()
     }
 
@@ -468,7 +477,7 @@ impl Brain {
             })
             .unwrap_or_default();
         let cohort = found.cohort;
-        let observed = self.observed(prompt, fp.blocks.len());
+        let observed = self.observed(prompt, fp.blocks.len(), now_ms);
         let (choice, rate, member, alternatives) = {
             let mut policy = lock(&self.policy);
             self.apply_engine_clears(&mut policy);
@@ -484,7 +493,6 @@ impl Brain {
                 now_ms,
                 track: assign.reports_progress,
                 observed: &observed,
-                observed_since_ms: now_ms.saturating_sub(self.kv_pending_ms),
             };
             let (choice, alternatives) = match among {
                 None => (policy.choose(&route), Vec::new()),

@@ -101,7 +101,6 @@ impl Brain {
                 now_ms,
                 track,
                 observed: &[],
-                observed_since_ms: 0,
             },
             among,
         );
