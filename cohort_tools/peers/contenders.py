@@ -165,7 +165,7 @@ def start(name, replica_ports, workdir, engine="sim", cache_bytes=None, events=N
             time.sleep(2.0)
         return Contender(name, listen, [envoy, cohort], names, admin=admin, metrics_port=ports["http"])
     if name in ("cohort-epp", "cohort-epp-events"):
-        # The simulator keeps the adapter cohort-epp always had (llama.cpp's); vLLM gets its own.
+        # Simulated replicas are named without an adapter (llama.cpp's, the default), vLLM's with theirs.
         spec = "vllm+" if engine == "vllm" else ""
         if name == "cohort-epp-events" and events is None:
             raise SystemExit("cohort-epp-events needs the engines started with KV events")

@@ -274,8 +274,13 @@ def run_one(args, engine, workload, requests, count, contender, workdir, calibra
         # On vLLM the warm-up also publishes the reset's AllBlocksCleared (vLLM sends it with
         # the next scheduler step's batch).
         warm_up(ports, names)
-        # The simulator's cache in prompt bytes (4 bytes a token), for the batcher's policy.
-        cache_bytes = config["kv_blocks"] * SIM_BLOCK_TOKENS * 4 if engine == "sim" else None
+        # The replicas' cache in prompt bytes (4 bytes a token), for the batcher's policy, as an
+        # operator configures it: the simulator's blocks, or what vLLM reports.
+        cache_bytes = None
+        if engine == "sim":
+            cache_bytes = config["kv_blocks"] * SIM_BLOCK_TOKENS * 4
+        elif fleet is not None and fleet.kv_cache_tokens:
+            cache_bytes = fleet.kv_cache_tokens * 4
         router = contenders.start(contender, ports, workdir, engine=engine, cache_bytes=cache_bytes, events=events)
         before = [engine_counters(engine, p) for p in ports]
         progress = progress_cls(len(requests), label) if progress_cls else None

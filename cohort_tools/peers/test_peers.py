@@ -517,6 +517,10 @@ class EventsAndFleetTests(unittest.TestCase):
         self.assertEqual((kv["endpoint"], kv["replay_endpoint"], kv["topic"]), ("tcp://*:8001", "tcp://*:8002", ""))
         args = vllm_fleet.server_args(8000, 8001, 8002, kv_blocks=300)
         self.assertEqual(args[args.index("--num-gpu-blocks-override") + 1], "300")
+        page = ('vllm:cache_config_info{block_size="32",kv_cache_size_tokens="3032",num_gpu_blocks="576"} 1.0\n'
+                'vllm:prompt_tokens_total{engine="0"} 5.0\n')
+        self.assertEqual(vllm_fleet.kv_cache_tokens(page), 3032)
+        self.assertIsNone(vllm_fleet.kv_cache_tokens("vllm:prompt_tokens_total 5.0\n"))
         env = vllm_fleet.server_env(1)
         self.assertEqual((env["VLLM_CPU_KVCACHE_SPACE"], env["VLLM_SERVER_DEV_MODE"]), ("1", "1"))
         self.assertIn(env["VLLM_CPU_OMP_THREADS_BIND"], ("0", "1"))

