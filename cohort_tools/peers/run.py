@@ -270,6 +270,11 @@ def run_one(args, engine, workload, requests, count, contender, workdir, calibra
                                              events=contender in contenders.NEEDS_EVENTS)
     names = {f"127.0.0.1:{p}": f"replica-{i}" for i, p in enumerate(ports)}
     router = None
+    # The vLLM fleet's KV events streams during a contender that follows them are kept with
+    # the results (kv-events/<label>/replica-<i>.jsonl, the fixtures' format).
+    recorders = []
+    if fleet is not None and contender in contenders.NEEDS_EVENTS:
+        recorders = fleet.record(os.path.join(args.out, "kv-events", label))
     try:
         # On vLLM the warm-up also publishes the reset's AllBlocksCleared (vLLM sends it with
         # the next scheduler step's batch).
@@ -295,6 +300,8 @@ def run_one(args, engine, workload, requests, count, contender, workdir, calibra
         if router:
             router.stop()
         stack.stop(procs)
+        if fleet is not None:
+            fleet.stop_recording(recorders)
     for r in records:
         r["replica"] = normalise_replica(r["replica"])
     metrics = {}

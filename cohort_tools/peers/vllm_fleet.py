@@ -34,6 +34,8 @@ the run.
     fleet.ports, fleet.events        # HTTP ports; contenders.Events for cohort-epp-events
     fleet.kv_cache_tokens            # one replica's KV cache in tokens, as vLLM reports it
     fleet.reset_prefix_caches()
+    recorders = fleet.record(directory)   # every replica's KV events, as the fixtures keep them
+    fleet.stop_recording(recorders)
     fleet.stop()
 """
 import http.client
@@ -55,6 +57,25 @@ BLOCK_SIZE = 32
 MAX_MODEL_LEN = 2048
 KV_CACHE_GB = 1
 START_TIMEOUT_S = 900
+
+
+# One replica's KV events stream to a file, a line per ZeroMQ message (`{"frames": [hex, …]}`,
+# the format of batcher-service/kv-events/tests/fixtures/vllm/), run with vLLM's pyzmq.
+RECORDER = r'''
+import json, signal, sys, zmq
+sub = zmq.Context().socket(zmq.SUB)
+sub.setsockopt(zmq.SUBSCRIBE, b"")
+sub.connect(sys.argv[1])
+out = open(sys.argv[2], "w")
+def done(*_):
+    out.flush()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, done)
+while True:
+    frames = sub.recv_multipart()
+    out.write(json.dumps({"frames": [f.hex() for f in frames]}) + "\n")
+    out.flush()
+'''
 
 
 def _cores():
@@ -187,6 +208,32 @@ class Fleet:
                 if time.time() > deadline:
                     raise SystemExit(f"vllm replica {i}: /reset_prefix_cache answered {status}: {body[:200]!r}")
                 time.sleep(1.0)
+
+    def record(self, directory):
+        """Starts recording every replica's KV events stream to `directory`/replica-<i>.jsonl
+        (from now: the SUB socket hears what is published once it is connected, so give it a
+        moment before the traffic); returns the recorders for stop_recording."""
+        os.makedirs(directory, exist_ok=True)
+        recorders = []
+        for i, (endpoint, _) in enumerate(self.events.endpoints):
+            path = os.path.join(directory, f"replica-{i}.jsonl")
+            recorders.append(subprocess.Popen([PYTHON, "-c", RECORDER, endpoint, path], stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
+        time.sleep(1.0)
+        return recorders
+
+    @staticmethod
+    def stop_recording(recorders):
+        """Stops the recorders (each flushes its file first)."""
+        for proc in recorders:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in recorders:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
     def memory_mib(self):
         """Resident memory (MiB) per replica, all its processes summed (from ps)."""
