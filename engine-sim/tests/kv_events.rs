@@ -5,6 +5,8 @@
 //! a shared prefix held once stored and gone once the LRU evicts it, and a cache reset.
 //! A replay from 0 returns every kept batch, then the end marker.
 
+mod common;
+
 use cohort_engine_sim::cost::CostModel;
 use cohort_engine_sim::render::render_messages;
 use cohort_engine_sim::server::{bind_with, KvEventsConfig, SimConfig};
@@ -18,8 +20,6 @@ use cohort_kv_events::subscriber::{run, FrameCounters, SubscriberConfig};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 const BLOCK: usize = 4;
@@ -59,25 +59,13 @@ fn config(buffer_steps: usize) -> (SimConfig, KvEventsConfig) {
     (sim, events)
 }
 
-/// One HTTP/1.0 exchange: the status and the JSON body.
+/// One HTTP/1.0 exchange: the status and the JSON body (null when it is not JSON).
 async fn call(port: u16, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let exchange = async {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let request = format!(
-            "{method} {path} HTTP/1.0\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(request.as_bytes()).await.unwrap();
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).await.unwrap();
-        let text = String::from_utf8(raw).unwrap();
-        let (head, body) = text.split_once("\r\n\r\n").unwrap();
-        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-        (status, serde_json::from_str(body).unwrap_or(Value::Null))
-    };
-    tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .expect("no answer in 10 s")
+    let reply = common::call(port, method, path, body).await;
+    (
+        reply.status,
+        serde_json::from_str(&reply.body).unwrap_or(Value::Null),
+    )
 }
 
 fn messages(user: &str) -> Value {

@@ -3,13 +3,13 @@
 //! `/tokenize`, the render endpoint, slots and queueing, bad input. Every sleep is a few
 //! milliseconds (tiny cost constants); no timing is asserted beyond ordering.
 
+mod common;
+
 use cohort_engine_sim::cost::CostModel;
 use cohort_engine_sim::server::{bind, SimConfig};
 use cohort_engine_sim::tokenizer;
+use common::call;
 use serde_json::{json, Value};
-use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 const COST: CostModel = CostModel {
     prefill_base_ms: 2.0,
@@ -33,50 +33,6 @@ fn config(replicas: usize, slots: usize) -> SimConfig {
         cost: COST,
         calibration: json!({"source": "test"}),
     }
-}
-
-struct Reply {
-    status: u16,
-    headers: String,
-    body: String,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
-    }
-
-    fn header(&self, name: &str) -> Option<String> {
-        self.headers.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
-        })
-    }
-}
-
-/// One HTTP/1.0 exchange (the server closes the connection to end any body, streamed or not).
-async fn call(port: u16, method: &str, path: &str, body: &str) -> Reply {
-    let exchange = async {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let request = format!(
-            "{method} {path} HTTP/1.0\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(request.as_bytes()).await.unwrap();
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).await.unwrap();
-        let text = String::from_utf8(raw).unwrap();
-        let (head, body) = text.split_once("\r\n\r\n").unwrap();
-        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-        Reply {
-            status,
-            headers: head.to_owned(),
-            body: body.to_owned(),
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .expect("no answer in 10 s")
 }
 
 fn chat(content: &str, max_tokens: u64, stream: bool) -> String {

@@ -21,6 +21,7 @@
 
 use cohort_kv_events::decode::{decode, BlockRemoved, KvEvent};
 use cohort_kv_events::residency::{ApplyReport, Residency};
+use cohort_kv_events::testing::SplitMix64;
 use rmpv::Value;
 use std::time::{Duration, Instant};
 
@@ -29,28 +30,15 @@ const BLOCKS_PER_EVENT: usize = 100;
 const EVENTS_PER_BATCH: usize = 10;
 const BATCH: usize = BLOCKS_PER_EVENT * EVENTS_PER_BATCH;
 
-/// splitmix64: deterministic, dependency-free random numbers.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 /// One batch's msgpack payload: 10 events of 100 chained blocks each.
-fn batch_payload(rng: &mut Rng) -> Vec<u8> {
+fn batch_payload(rng: &mut SplitMix64) -> Vec<u8> {
     let events = (0..EVENTS_PER_BATCH)
         .map(|_| {
             let hashes = (0..BLOCKS_PER_EVENT)
-                .map(|_| Value::from(rng.next()))
+                .map(|_| Value::from(rng.next_u64()))
                 .collect();
             let tokens = (0..BLOCKS_PER_EVENT * BLOCK_SIZE as usize)
-                .map(|_| Value::from(rng.next() % 262_144))
+                .map(|_| Value::from(rng.next_u64() % 262_144))
                 .collect();
             Value::Map(vec![
                 (Value::from("type"), Value::from("BlockStored")),
@@ -131,7 +119,7 @@ fn quantile(samples: &mut [Duration], q: f64) -> f64 {
 
 /// One row of the table: fill an index of `size` blocks, then churn it at that size.
 fn row(size: usize, reserved: bool) {
-    let mut rng = Rng(size as u64);
+    let mut rng = SplitMix64(size as u64);
     let before = resident_bytes();
     let mut residency = Residency::new(BLOCK_SIZE, "GPU");
     if reserved {

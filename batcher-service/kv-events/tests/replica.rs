@@ -8,6 +8,7 @@ use cohort_kv_events::health::{Change, Problem, State};
 use cohort_kv_events::replica::{ReplicaConfig, ReplicaEvents};
 use cohort_kv_events::residency::prefix_keys;
 use cohort_kv_events::stream::{ResetReason, END_OF_REPLAY};
+use cohort_kv_events::testing::SplitMix64;
 use common::*;
 use rmpv::Value;
 use std::time::{Duration, Instant};
@@ -18,41 +19,24 @@ fn config() -> ReplicaConfig {
     ReplicaConfig::new(BS)
 }
 
-/// Prompt `i`: 2 blocks of its own tokens.
-fn prompt(i: u32) -> Vec<u32> {
-    tokens(1000 * i, 2, BS)
-}
-
-/// The payload storing prompt `i` (engine hashes 10i, 10i+1).
-fn store(i: u32) -> Vec<u8> {
-    let h = u64::from(i) * 10;
-    payload(vec![stored(
-        Tagging::Map,
-        &[h, h + 1],
-        None,
-        &prompt(i),
-        BS,
-    )])
-}
-
 fn hit(r: &ReplicaEvents, i: u32) -> usize {
     r.residency()
-        .held_prefix_blocks(&prefix_keys(&prompt(i), BS as usize))
+        .held_prefix_blocks(&prefix_keys(&prompt(i, BS), BS as usize))
 }
 
 #[test]
 fn a_gap_is_replayed_in_order_and_the_residency_is_exact() {
     let now = Instant::now();
     let mut r = ReplicaEvents::new(&config(), now);
-    r.on_live(0, store(0), now);
+    r.on_live(0, store(0, BS), now);
     // 1 (store prompt 1) and 2 (remove prompt 0's second block) are missed.
     let removal = payload(vec![removed(Tagging::Array, &[1])]);
-    let out = r.on_live(3, store(3), now);
+    let out = r.on_live(3, store(3, BS), now);
     assert_eq!(out.replay_from, Some(1));
     assert_eq!(hit(&r, 3), 0, "held until the replay is in");
-    r.on_replay(1, store(1), now);
+    r.on_replay(1, store(1, BS), now);
     r.on_replay(2, removal, now);
-    r.on_replay(3, store(3), now);
+    r.on_replay(3, store(3, BS), now);
     let out = r.on_replay(END_OF_REPLAY, Vec::new(), now);
     assert!(out.resets.is_empty());
     assert_eq!((hit(&r, 0), hit(&r, 1), hit(&r, 3)), (1, 2, 2));
@@ -67,10 +51,10 @@ fn a_restart_drops_the_residency() {
     let now = Instant::now();
     let mut r = ReplicaEvents::new(&config(), now);
     for seq in 0..3 {
-        r.on_live(seq, store(seq as u32), now);
+        r.on_live(seq, store(seq as u32, BS), now);
     }
     assert_eq!(r.residency().len(), 6);
-    let out = r.on_live(0, store(7), now);
+    let out = r.on_live(0, store(7, BS), now);
     assert_eq!(out.resets, vec![ResetReason::Restart]);
     assert_eq!((hit(&r, 0), hit(&r, 7)), (0, 2));
     assert_eq!(r.counters().restarts, 1);
@@ -80,8 +64,8 @@ fn a_restart_drops_the_residency() {
 fn a_lost_gap_drops_the_residency_and_keeps_what_follows() {
     let now = Instant::now();
     let mut r = ReplicaEvents::new(&config(), now);
-    r.on_live(0, store(0), now);
-    assert_eq!(r.on_live(5, store(5), now).replay_from, Some(1));
+    r.on_live(0, store(0, BS), now);
+    assert_eq!(r.on_live(5, store(5, BS), now).replay_from, Some(1));
     let out = r.replay_unavailable();
     assert_eq!(
         out.resets,
@@ -101,10 +85,10 @@ fn a_lost_gap_drops_the_residency_and_keeps_what_follows() {
 fn all_blocks_cleared_drops_the_residency() {
     let now = Instant::now();
     let mut r = ReplicaEvents::new(&config(), now);
-    r.on_live(0, store(0), now);
+    r.on_live(0, store(0, BS), now);
     r.on_live(1, payload(vec![cleared(Tagging::Array)]), now);
     assert!(r.residency().is_empty());
-    r.on_live(2, store(2), now);
+    r.on_live(2, store(2, BS), now);
     assert_eq!((hit(&r, 0), hit(&r, 2)), (0, 2));
     assert_eq!(r.counters().blocks.cleared, 1);
 }
@@ -114,7 +98,7 @@ fn malformed_payloads_degrade_and_drop_until_good_payloads_return() {
     let now = Instant::now();
     let config = config();
     let mut r = ReplicaEvents::new(&config, now);
-    r.on_live(0, store(0), now);
+    r.on_live(0, store(0, BS), now);
     let out = r.on_live(1, vec![0x93, 0xff, 0x00], now);
     assert_eq!(
         out.health,
@@ -144,7 +128,7 @@ fn malformed_payloads_degrade_and_drop_until_good_payloads_return() {
     assert_eq!(r.counters().malformed, 6);
     let mut changes = Vec::new();
     for seq in 7..7 + u64::from(config.health.recover_after) {
-        changes.extend(r.on_live(seq, store(seq as u32), now).health);
+        changes.extend(r.on_live(seq, store(seq as u32, BS), now).health);
     }
     assert_eq!(
         changes,
@@ -179,7 +163,7 @@ fn unknown_event_types_are_counted_and_do_not_degrade() {
     let mut r = ReplicaEvents::new(&config(), now);
     let bytes = payload(vec![
         Value::Map(vec![(s("type"), s("BlockPinned")), (s("x"), Value::Nil)]),
-        stored(Tagging::Map, &[1, 2], None, &prompt(0), BS),
+        stored(Tagging::Map, &[1, 2], None, &prompt(0, BS), BS),
     ]);
     let out = r.on_live(0, bytes, now);
     assert_eq!(out.health, None);
@@ -205,7 +189,7 @@ fn another_block_size_than_configured_degrades_until_the_right_size_returns() {
     assert!(r.residency().is_empty());
     let mut recovered = None;
     for seq in 1..=u64::from(config.health.recover_after) {
-        if let Some(change) = r.on_live(seq, store(seq as u32), now).health {
+        if let Some(change) = r.on_live(seq, store(seq as u32, BS), now).health {
             recovered = Some((seq, change.to));
         }
     }
@@ -225,7 +209,7 @@ fn a_silent_stream_degrades_once_and_recovers_on_the_next_payload() {
     let out = r.tick(late);
     assert_eq!(out.health.map(|c| c.to), Some(degraded(Problem::Silent)));
     assert_eq!(r.tick(late + Duration::from_secs(5)).health, None, "once");
-    let out = r.on_live(0, store(0), late + Duration::from_secs(6));
+    let out = r.on_live(0, store(0, BS), late + Duration::from_secs(6));
     assert_eq!(out.health.map(|c| c.to), Some(State::HEALTHY));
     assert_eq!(
         format!("{}", degraded(Problem::Silent)),
@@ -233,32 +217,15 @@ fn a_silent_stream_degrades_once_and_recovers_on_the_next_payload() {
     );
 }
 
-/// splitmix64, for the simulation below.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// The engine's batches for `seed`, and the residency they build applied in order.
-fn simulation(seed: u64) -> (Rng, Vec<Vec<u8>>, ReplicaEvents) {
-    let mut rng = Rng(seed);
+fn simulation(seed: u64) -> (SplitMix64, Vec<Vec<u8>>, ReplicaEvents) {
+    let mut rng = SplitMix64(seed);
     // The engine's batches: stores, removals, now and then a clear.
     let batches: Vec<Vec<u8>> = (0..60)
         .map(|_| match rng.below(10) {
             0 => payload(vec![cleared(Tagging::Array)]),
             1..=3 => payload(vec![removed(Tagging::Map, &[rng.below(200)])]),
-            _ => store(rng.below(20) as u32),
+            _ => store(rng.below(20) as u32, BS),
         })
         .collect();
     let now = Instant::now();
@@ -272,7 +239,7 @@ fn simulation(seed: u64) -> (Rng, Vec<Vec<u8>>, ReplicaEvents) {
 /// Delivers `batches` with live messages dropped at random (never the last, which no later
 /// message would reveal), each replay answered after a few more live messages from a
 /// buffer that keeps the last `kept` batches.
-fn deliver(rng: &mut Rng, batches: &[Vec<u8>], kept: usize) -> ReplicaEvents {
+fn deliver(rng: &mut SplitMix64, batches: &[Vec<u8>], kept: usize) -> ReplicaEvents {
     let now = Instant::now();
     let mut r = ReplicaEvents::new(&config(), now);
     let mut pending: Option<(u64, u64, usize)> = None; // (from, messages to wait, published)

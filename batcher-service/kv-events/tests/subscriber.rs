@@ -20,21 +20,6 @@ use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend};
 
 const BS: u32 = 4;
 
-fn prompt(i: u32) -> Vec<u32> {
-    tokens(1000 * i, 2, BS)
-}
-
-fn store(i: u32) -> Vec<u8> {
-    let h = u64::from(i) * 10;
-    payload(vec![stored(
-        Tagging::Map,
-        &[h, h + 1],
-        None,
-        &prompt(i),
-        BS,
-    )])
-}
-
 type Buffer = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
 
 /// vLLM's replay service: every kept batch from the requested number on, then the end
@@ -80,7 +65,7 @@ async fn until(replica: &Mutex<ReplicaEvents>, done: impl Fn(&ReplicaEvents) -> 
 
 fn hit(r: &ReplicaEvents, i: u32) -> usize {
     r.residency()
-        .held_prefix_blocks(&prefix_keys(&prompt(i), BS as usize))
+        .held_prefix_blocks(&prefix_keys(&prompt(i, BS), BS as usize))
 }
 
 #[tokio::test]
@@ -118,7 +103,7 @@ async fn a_held_back_batch_is_replayed_and_a_restart_drops_the_residency() {
 
     // Batches 0, 1 and 3 go out live; 2 only into the replay buffer.
     for seq in 0..4u64 {
-        let payload = store(seq as u32);
+        let payload = store(seq as u32, BS);
         buffer.lock().unwrap().push((seq, payload.clone()));
         if seq != 2 {
             let frames = vec![Vec::new(), seq.to_be_bytes().to_vec(), payload];
@@ -141,12 +126,12 @@ async fn a_held_back_batch_is_replayed_and_a_restart_drops_the_residency() {
 
     // The engine restarts: its sequence starts again at 0, with a new cache.
     buffer.lock().unwrap().clear();
-    buffer.lock().unwrap().push((0, store(7)));
+    buffer.lock().unwrap().push((0, store(7, BS)));
     publisher
         .send(message(vec![
             Vec::new(),
             0u64.to_be_bytes().to_vec(),
-            store(7),
+            store(7, BS),
         ]))
         .await
         .unwrap();
@@ -189,7 +174,11 @@ async fn a_replay_socket_that_is_down_loses_the_gap_without_holding_the_stream()
     let started = Instant::now();
     // Batch 1 never comes: the gap asks the (dead) replay socket.
     for seq in [0u64, 2, 3] {
-        let frames = vec![Vec::new(), seq.to_be_bytes().to_vec(), store(seq as u32)];
+        let frames = vec![
+            Vec::new(),
+            seq.to_be_bytes().to_vec(),
+            store(seq as u32, BS),
+        ];
         publisher.send(message(frames)).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

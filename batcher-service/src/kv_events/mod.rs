@@ -156,7 +156,7 @@ impl Streams {
 
     /// Whether no replica has a stream, and none can get one.
     pub fn is_empty(&self) -> bool {
-        self.discovered_ports.is_none() && self.all().is_empty()
+        self.discovered_ports.is_none() && read(&self.streams).is_empty()
     }
 
     /// The stream of the replica named `name`, if it has one.
@@ -237,9 +237,7 @@ impl Stream {
             gone: watch::channel(false).0,
         }
     }
-}
 
-impl Stream {
     /// How many of `keys` (a prompt's block keys, first block first) the engine holds as a
     /// leading run by its own account, while its stream is healthy; `None` when it is not
     /// (the modelled residency stands in).

@@ -132,6 +132,11 @@ fn the_picker_follows_what_the_engines_say_they_hold() {
         home
     );
     assert!(metric("cohort_assign_residency_total{residency=\"events\"}") >= 2.0);
+    assert!(metric("cohort_picker_prompt_tokens_total{outcome=\"keyed\"}") >= 2.0);
+    assert_eq!(
+        metric("cohort_picker_prompt_tokens_total{outcome=\"failed\"}"),
+        0.0
+    );
     assert!(modelled(home) > 0.0);
 
     // 2. `home` evicts it (6 KB of another prompt, sent to it directly, fill its 64

@@ -156,3 +156,20 @@ pub fn payload(events: Vec<Value>) -> Vec<u8> {
 pub fn tokens(first: u32, n: usize, block_size: u32) -> Vec<u32> {
     (0..(n as u32) * block_size).map(|i| first + i).collect()
 }
+
+/// Prompt `i`: 2 blocks of `block_size` tokens of its own.
+pub fn prompt(i: u32, block_size: u32) -> Vec<u32> {
+    tokens(1000 * i, 2, block_size)
+}
+
+/// The payload storing prompt `i` (engine hashes 10i, 10i+1), map-tagged.
+pub fn store(i: u32, block_size: u32) -> Vec<u8> {
+    let h = u64::from(i) * 10;
+    payload(vec![stored(
+        Tagging::Map,
+        &[h, h + 1],
+        None,
+        &prompt(i, block_size),
+        block_size,
+    )])
+}
